@@ -1,0 +1,18 @@
+"""The ``cellactors`` command: a click group; each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+@click.version_option(package_name="cellactors")
+def main() -> None:
+    """Durable single-instance actors fenced and replicated through an object store."""
+
+
+def _register() -> None:
+    from cellactors.cli import qualify as _qualify  # noqa: F401  (registers the command)
+
+
+_register()

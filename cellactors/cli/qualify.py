@@ -1,0 +1,1 @@
+"""``cellactors qualify`` (placeholder until the qualification module lands)."""

@@ -1,0 +1,126 @@
+"""The one interface every bucket dialect implements.
+
+A bucket is the fleet's control plane and durability root. Keys passed to a :class:`Bucket`
+are relative to the fleet prefix; the dialect adds the prefix, so no caller can build a key
+outside it.
+
+Conditional writes have three outcomes (see PROTOCOL.md, "The bucket contract"):
+:class:`Applied` (written, with the new token), :class:`Rejected` (the precondition failed),
+and :class:`~cellactors.errors.AmbiguousWrite` raised when the write may or may not have
+committed.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# Conditional bodies are tiny JSON records; a cap keeps GCS on single-request uploads.
+MAX_CAS_BODY = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Absent:
+    """Guard: write only if the key does not exist (create)."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """Guard: write only if the object's token (S3 ETag, GCS generation) is still ``token``."""
+
+    token: str
+
+
+Guard = Absent | Match
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The conditional write committed; ``token`` identifies the new version."""
+
+    token: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The precondition failed: the object was not written."""
+
+    reason: str = ""
+
+
+CasResult = Applied | Rejected
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object's body with the token that guards its next conditional overwrite."""
+
+    body: bytes
+    token: str
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Listing/head metadata for one object; ``key`` is relative to the fleet prefix."""
+
+    key: str
+    token: str
+    size: int
+    last_modified_ms: int
+
+
+def join_prefix(prefix: str, key: str) -> str:
+    """Return the absolute store key for ``key`` under ``prefix`` (which may be empty)."""
+    return f"{prefix}/{key}" if prefix else key
+
+
+def strip_prefix(prefix: str, full_key: str) -> str:
+    """Inverse of :func:`join_prefix` for keys returned by a listing."""
+    if not prefix:
+        return full_key
+    head = prefix + "/"
+    if not full_key.startswith(head):
+        raise ValueError(f"key {full_key!r} is outside prefix {prefix!r}")
+    return full_key[len(head) :]
+
+
+class Bucket(abc.ABC):
+    """A bucket (plus key prefix) in one dialect.
+
+    Implementations create their network clients once and reuse them; they are safe to call
+    from several threads at once.
+    """
+
+    #: Human-readable location, e.g. ``s3://bucket/prefix``.
+    spec: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> StoredObject | None:
+        """Read an object, or ``None`` when it does not exist."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Read an object's metadata, or ``None`` when it does not exist."""
+
+    @abc.abstractmethod
+    def put(self, key: str, body: bytes) -> str:
+        """Write unconditionally (retries allowed); return the new token."""
+
+    @abc.abstractmethod
+    def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        """Write only if ``guard`` holds. Never retried by the client.
+
+        Raises :class:`~cellactors.errors.AmbiguousWrite` when the outcome is unknown.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """List objects whose relative key starts with ``prefix``, in key order."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete an object; deleting a missing key is not an error."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release network resources (optional)."""

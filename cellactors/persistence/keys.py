@@ -1,0 +1,77 @@
+"""Every key the library writes, built in one place after the cell id is validated.
+
+Keys are relative to the fleet prefix (the bucket adds it). See PROTOCOL.md, "Keys".
+"""
+
+from __future__ import annotations
+
+import re
+
+from cellactors.errors import InvalidCellId
+
+_CELL_ID_RE = re.compile(r"^[A-Za-z0-9_.:$-]{1,255}$")
+_NODE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def validate_cell_id(cell_id: str) -> str:
+    """Return ``cell_id`` if it is ``<Class>:<name>`` with allowed characters, else raise."""
+    if not isinstance(cell_id, str):
+        raise InvalidCellId(f"cell id must be a string, not {type(cell_id).__name__}")
+    if cell_id in (".", "..") or not _CELL_ID_RE.match(cell_id):
+        raise InvalidCellId(
+            f"invalid cell id {cell_id!r}: use 1-255 characters from [A-Za-z0-9_.:$-], "
+            "never '.' or '..'"
+        )
+    cls, sep, name = cell_id.partition(":")
+    if not sep or not cls or not name:
+        raise InvalidCellId(f"invalid cell id {cell_id!r}: expected <Class>:<name>")
+    return cell_id
+
+
+def make_cell_id(cls_name: str, name: str) -> str:
+    """Build and validate the cell id for class ``cls_name`` and instance ``name``."""
+    if not cls_name or ":" in cls_name:
+        raise InvalidCellId(f"invalid class name {cls_name!r} for a cell id")
+    return validate_cell_id(f"{cls_name}:{name}")
+
+
+def validate_node_id(node_id: str) -> str:
+    """Node ids become ``nodes/<node>.json``; keep them to a safe alphabet."""
+    if not isinstance(node_id, str) or node_id in (".", "..") or not _NODE_ID_RE.match(node_id):
+        raise InvalidCellId(
+            f"invalid node id {node_id!r}: use 1-128 characters from [A-Za-z0-9_.-]"
+        )
+    return node_id
+
+
+def cell_root(cell_id: str) -> str:
+    return f"cells/{validate_cell_id(cell_id)}/"
+
+
+def owner_key(cell_id: str) -> str:
+    return cell_root(cell_id) + "own.json"
+
+
+def epoch_dir(cell_id: str, epoch: int) -> str:
+    return cell_root(cell_id) + f"e{epoch}/"
+
+
+def batch_key(cell_id: str, epoch: int, first: int, last: int) -> str:
+    return epoch_dir(cell_id, epoch) + f"{first:016x}-{last:016x}.batch"
+
+
+def seal_key(cell_id: str, epoch: int) -> str:
+    return cell_root(cell_id) + f"e{epoch}.seal.json"
+
+
+def snapshot_key(cell_id: str, txid: int) -> str:
+    return cell_root(cell_id) + f"snap/{txid:016x}.db"
+
+
+def lease_key(node_id: str) -> str:
+    return f"nodes/{validate_node_id(node_id)}.json"
+
+
+NODES_PREFIX = "nodes/"
+PEER_AUTH_KEY = "fleet/peer-auth.json"
+PROBE_PREFIX = "probe/"

@@ -1,0 +1,120 @@
+"""Node leases: ``nodes/<node>.json``, renewed with conditional writes.
+
+A lease says which process (generation) holds a node identity, where peers reach it
+(``addr``), and until when (``expires_ms``, wall clock of the writer). Peers treat a lease
+whose expiry has passed by their own clock as dead.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cellactors.persistence import keys, records
+from cellactors.persistence.bucket import Bucket, CasResult, Guard
+
+PEER_PROTOCOL = 1
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    """One node's lease record."""
+
+    node: str
+    addr: str
+    expires_ms: int
+    generation: str
+    peer_protocol: int = PEER_PROTOCOL
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def is_live(self, at_ms: int) -> bool:
+        """Live: not expired by the reader's clock and reachable."""
+        return self.expires_ms > at_ms and bool(self.addr)
+
+    def to_json(self) -> bytes:
+        return records.encode(
+            {
+                "node": self.node,
+                "addr": self.addr,
+                "expires_ms": self.expires_ms,
+                "peer_protocol": self.peer_protocol,
+                "generation": self.generation,
+                "load": self.load,
+                # A nonce keeps two writes of otherwise equal content from sharing an ETag.
+                "nonce": secrets.token_hex(8),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class LeaseSnapshot:
+    """A lease as read, with the token guarding its next renewal."""
+
+    lease: NodeLease
+    token: str
+
+
+def _decode_lease(key: str, body: bytes) -> NodeLease:
+    value = records.decode(
+        key,
+        body,
+        {"node": str, "addr": str, "expires_ms": int, "peer_protocol": int, "generation": str},
+    )
+    load = value.get("load")
+    return NodeLease(
+        node=value["node"],
+        addr=value["addr"],
+        expires_ms=value["expires_ms"],
+        generation=value["generation"],
+        peer_protocol=value["peer_protocol"],
+        load=load if isinstance(load, dict) else {},
+    )
+
+
+class LeaseStore:
+    """Reads and writes node leases on behalf of one node."""
+
+    def __init__(self, bucket: Bucket, node_id: str, ttl_s: float = 10.0) -> None:
+        self.bucket = bucket
+        self.node = keys.validate_node_id(node_id)
+        self.ttl_s = ttl_s
+
+    def read_lease(self, node_id: str) -> LeaseSnapshot | None:
+        key = keys.lease_key(node_id)
+        obj = self.bucket.get(key)
+        if obj is None:
+            return None
+        return LeaseSnapshot(_decode_lease(key, obj.body), obj.token)
+
+    def cas_node_lease(self, guard: Guard, lease: NodeLease) -> CasResult:
+        if lease.node != self.node:
+            raise ValueError(f"lease for {lease.node!r} written by node {self.node!r}")
+        return self.bucket.put_cas(keys.lease_key(self.node), lease.to_json(), guard)
+
+    def read_capacity_peers(self, at_ms: int | None = None) -> list[NodeLease]:
+        """Live peers speaking our peer protocol, self excluded.
+
+        Objects not modified within ``max(3 x TTL, 60 s)`` are skipped without a read.
+        """
+        at = now_ms() if at_ms is None else at_ms
+        horizon = at - int(max(3 * self.ttl_s, 60.0) * 1000)
+        peers: list[NodeLease] = []
+        for info in self.bucket.list(keys.NODES_PREFIX):
+            if info.last_modified_ms < horizon or not info.key.endswith(".json"):
+                continue
+            node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
+            if node_id == self.node:
+                continue
+            snap = self.read_lease(node_id)
+            if snap is None:
+                continue
+            lease = snap.lease
+            if lease.is_live(at) and lease.peer_protocol == PEER_PROTOCOL and lease.node == node_id:
+                peers.append(lease)
+        return peers

@@ -1,0 +1,233 @@
+"""The S3 dialect, through boto3.
+
+Two clients share one botocore session: a plain one with standard retries for reads and
+plain writes, and a conditional one with retries disabled, because a retried conditional
+PUT that had already committed would come back as a false 412.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from cellactors.errors import AmbiguousWrite, BucketError
+from cellactors.persistence.bucket import (
+    MAX_CAS_BODY,
+    Absent,
+    Applied,
+    Bucket,
+    CasResult,
+    Guard,
+    Match,
+    ObjectInfo,
+    Rejected,
+    StoredObject,
+    join_prefix,
+    strip_prefix,
+)
+
+_REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+_clients_lock = threading.Lock()
+_clients: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _client_pair(
+    endpoint: str | None,
+    region: str | None,
+    access_key: str | None,
+    secret_key: str | None,
+    timeout: float,
+) -> tuple[Any, Any]:
+    """Return (plain client, conditional client), created once per process per config."""
+    key = (endpoint, region, access_key, secret_key, timeout)
+    with _clients_lock:
+        pair = _clients.get(key)
+        if pair is None:
+            session = boto3.session.Session(
+                aws_access_key_id=access_key,
+                aws_secret_access_key=secret_key,
+                region_name=region or ("us-east-1" if endpoint else None),
+            )
+            s3_opts = {"addressing_style": "path"} if endpoint else {}
+            common: dict[str, Any] = {
+                "connect_timeout": min(timeout, 5.0),
+                "read_timeout": timeout,
+                "s3": s3_opts,
+                "max_pool_connections": 64,
+                "request_checksum_calculation": "when_required",
+                "response_checksum_validation": "when_required",
+            }
+            plain = session.client(
+                "s3",
+                endpoint_url=endpoint,
+                config=botocore.config.Config(
+                    retries={"mode": "standard", "max_attempts": 5}, **common
+                ),
+            )
+            cas = session.client(
+                "s3",
+                endpoint_url=endpoint,
+                config=botocore.config.Config(retries={"total_max_attempts": 1}, **common),
+            )
+            pair = (plain, cas)
+            _clients[key] = pair
+        return pair
+
+
+def _status(err: botocore.exceptions.ClientError) -> tuple[int, str]:
+    resp: dict[str, Any] = err.response
+    status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    code = str(resp.get("Error", {}).get("Code", ""))
+    return status, code
+
+
+def _is_missing(err: botocore.exceptions.ClientError) -> bool:
+    status, code = _status(err)
+    return status == 404 or code in _MISSING_CODES
+
+
+def _toggle_quotes(token: str) -> str:
+    if len(token) >= 2 and token.startswith('"') and token.endswith('"'):
+        return token[1:-1]
+    return f'"{token}"'
+
+
+def _same_etag(a: str, b: str) -> bool:
+    return a.strip('"') == b.strip('"')
+
+
+class S3Bucket(Bucket):
+    """A bucket in the S3 dialect (AWS S3 or any store that speaks it)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.endpoint = endpoint
+        self.spec = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
+        self._plain, self._cas = _client_pair(endpoint, region, access_key, secret_key, timeout)
+
+    def _key(self, key: str) -> str:
+        return join_prefix(self.prefix, key)
+
+    def get(self, key: str) -> StoredObject | None:
+        try:
+            resp = self._plain.get_object(Bucket=self.bucket, Key=self._key(key))
+        except botocore.exceptions.ClientError as err:
+            if _is_missing(err):
+                return None
+            raise BucketError(f"GET {key} failed: {err}") from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise BucketError(f"GET {key} failed: {err}") from err
+        return StoredObject(body=resp["Body"].read(), token=str(resp["ETag"]))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            resp = self._plain.head_object(Bucket=self.bucket, Key=self._key(key))
+        except botocore.exceptions.ClientError as err:
+            if _is_missing(err):
+                return None
+            raise BucketError(f"HEAD {key} failed: {err}") from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise BucketError(f"HEAD {key} failed: {err}") from err
+        return ObjectInfo(
+            key=key,
+            token=str(resp["ETag"]),
+            size=int(resp.get("ContentLength", 0)),
+            last_modified_ms=int(resp["LastModified"].timestamp() * 1000),
+        )
+
+    def put(self, key: str, body: bytes) -> str:
+        try:
+            resp = self._plain.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+            raise BucketError(f"PUT {key} failed: {err}") from err
+        return str(resp["ETag"])
+
+    def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        if len(body) > MAX_CAS_BODY:
+            raise ValueError(f"conditional body of {len(body)} bytes exceeds {MAX_CAS_BODY}")
+        if isinstance(guard, Absent):
+            return self._put_conditional(key, body, {"IfNoneMatch": "*"}, guard)
+        result = self._put_conditional(key, body, {"IfMatch": guard.token}, guard)
+        if isinstance(result, Rejected) and result.reason != "missing":
+            # Some stores only match one ETag spelling (quoted or bare). When the object
+            # still carries our token, the rejection was about spelling: try the other one.
+            current = self.head(key)
+            if current is not None and _same_etag(current.token, guard.token):
+                alt = {"IfMatch": _toggle_quotes(guard.token)}
+                return self._put_conditional(key, body, alt, guard)
+        return result
+
+    def _put_conditional(
+        self, key: str, body: bytes, condition: dict[str, str], guard: Guard
+    ) -> CasResult:
+        try:
+            resp = self._cas.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=body, **condition
+            )
+        except botocore.exceptions.ParamValidationError as err:
+            raise BucketError(f"conditional PUT {key} is malformed: {err}") from err
+        except botocore.exceptions.ClientError as err:
+            status, code = _status(err)
+            if status == 412 or code in _REJECT_CODES:
+                return Rejected(code or str(status))
+            if isinstance(guard, Match) and _is_missing(err):
+                return Rejected("missing")
+            if status >= 500 or status == 0:
+                raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}") from err
+            raise BucketError(f"conditional PUT {key} failed: HTTP {status} {code}") from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
+        return Applied(str(resp["ETag"]))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        paginator = self._plain.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for item in page.get("Contents", []):
+                    yield ObjectInfo(
+                        key=strip_prefix(self.prefix, item["Key"]),
+                        token=str(item.get("ETag", "")),
+                        size=int(item.get("Size", 0)),
+                        last_modified_ms=int(item["LastModified"].timestamp() * 1000),
+                    )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+            raise BucketError(f"LIST {prefix} failed: {err}") from err
+
+    def delete(self, key: str) -> None:
+        try:
+            self._plain.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except botocore.exceptions.ClientError as err:
+            if not _is_missing(err):
+                raise BucketError(f"DELETE {key} failed: {err}") from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise BucketError(f"DELETE {key} failed: {err}") from err
+
+    def ensure_exists(self) -> None:
+        """Create the bucket if it is missing (embedded stores and tests)."""
+        try:
+            self._plain.head_bucket(Bucket=self.bucket)
+        except botocore.exceptions.ClientError:
+            try:
+                self._plain.create_bucket(Bucket=self.bucket)
+            except botocore.exceptions.ClientError as err:
+                _, code = _status(err)
+                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise BucketError(f"cannot create bucket {self.bucket}: {err}") from err

@@ -1,0 +1,63 @@
+"""Fixtures: real store servers on loopback, started by the tests themselves."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.s3 import S3Bucket
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """One SeaweedFS for the whole session (data in a temp dir)."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """moto's threaded server on loopback; returns its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def new_bucket_name(tag: str = "t") -> str:
+    return f"{tag}-{os.getpid()}-{next(_names)}"
+
+
+def make_s3_bucket(endpoint: str, prefix: str = "") -> S3Bucket:
+    """A fresh, empty bucket on ``endpoint``."""
+    name = new_bucket_name()
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return S3Bucket(name, prefix, endpoint=endpoint)
+
+
+@pytest.fixture
+def sw_bucket(seaweed: SeaweedServer) -> S3Bucket:
+    """A fresh bucket on the session's SeaweedFS."""
+    return make_s3_bucket(seaweed.endpoint)
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path) -> Path:
+    return tmp_path
