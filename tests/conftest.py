@@ -61,3 +61,7 @@ def sw_bucket(seaweed: SeaweedServer) -> S3Bucket:
 @pytest.fixture
 def tmp_dir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+# Fixture modules owned by separate areas of the suite.
+pytest_plugins = ["tests.fixtures_gcs"]

@@ -1,0 +1,1 @@
+"""GCS fixtures (fake-gcs-server); filled in by the GCS dialect work."""
