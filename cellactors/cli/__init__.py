@@ -12,7 +12,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from cellactors.cli import qualify as _qualify  # noqa: F401  (registers the command)
+    from cellactors.cli import qualify as _qualify
+
+    main.add_command(_qualify.qualify)
 
 
 _register()

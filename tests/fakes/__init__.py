@@ -1,0 +1,1 @@
+"""In-process fakes of external services, for tests that need a store to misbehave."""
