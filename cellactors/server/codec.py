@@ -1,0 +1,151 @@
+"""Request and response bodies: JSON by default, msgpack on ``application/msgpack``.
+
+A call's body is an object of keyword arguments; a success answer is ``{"result": value}``
+and an error answer is :meth:`CallError.to_dict`. The body is read with a size limit that is
+enforced while streaming, so an oversized body never sits in memory.
+
+JSON cannot carry bytes, so bytes travel as ``{"$bytes": "<base64>"}`` in JSON bodies (both
+directions); msgpack carries them natively.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgpack
+
+from cellactors.errors import BadRequest, CallError
+
+Encoding = Literal["json", "msgpack"]
+
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
+_MSGPACK_ALIASES = frozenset({MSGPACK_TYPE, "application/x-msgpack", "application/vnd.msgpack"})
+CONTENT_TYPES: dict[Encoding, str] = {"json": JSON_TYPE, "msgpack": MSGPACK_TYPE}
+
+DEFAULT_MAX_BODY = 1 << 20
+BYTES_TAG = "$bytes"
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body exceeds the configured limit; nothing was executed."""
+
+    status = 413
+    code = "payload_too_large"
+
+    def __init__(self, message: str, *, drained: bool = True) -> None:
+        super().__init__(message)
+        self.drained = drained  # False: unread bytes remain, the connection must close
+
+
+def _too_large(limit: int, *, drained: bool) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", drained=drained)
+
+
+def encoding_for(content_type: str | None) -> Encoding:
+    """The encoding a Content-Type selects: msgpack for ``application/msgpack``, else JSON."""
+    if not content_type:
+        return "json"
+    media = content_type.split(";", 1)[0].strip().lower()
+    return "msgpack" if media in _MSGPACK_ALIASES else "json"
+
+
+async def read_body(
+    chunks: AsyncIterator[bytes],
+    content_length: str | None,
+    limit: int = DEFAULT_MAX_BODY,
+    *,
+    drain_limit: int | None = None,
+) -> bytes:
+    """Read a request body of at most ``limit`` bytes or raise :class:`PayloadTooLarge`.
+
+    A declared Content-Length over the limit is refused before reading. Otherwise the limit is
+    checked chunk by chunk; once exceeded, up to ``drain_limit`` further bytes (default
+    ``4 * limit``) are read and discarded, never stored, so that the client (which is still
+    sending) can read the answer instead of meeting a connection reset.
+    """
+    drain = 4 * limit if drain_limit is None else drain_limit
+    declared: int | None = None
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise BadRequest(f"invalid Content-Length {content_length!r}") from None
+        if declared < 0:
+            raise BadRequest(f"invalid Content-Length {content_length!r}")
+    if declared is not None and declared > limit and declared > drain:
+        raise _too_large(limit, drained=False)
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            break
+        parts.append(chunk)
+    else:
+        return b"".join(parts)
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > drain:
+            raise _too_large(limit, drained=False)
+    raise _too_large(limit, drained=True)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {BYTES_TAG: base64.b64encode(bytes(value)).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _json_hook(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and BYTES_TAG in obj and isinstance(obj[BYTES_TAG], str):
+        try:
+            return base64.b64decode(obj[BYTES_TAG], validate=True)
+        except (binascii.Error, ValueError):
+            return obj
+    return obj
+
+
+def encode(value: Any, encoding: Encoding) -> bytes:
+    """Serialize ``value``; raises ``TypeError``/``ValueError`` if it cannot be encoded."""
+    if encoding == "msgpack":
+        packed: bytes = msgpack.packb(value, use_bin_type=True)
+        return packed
+    return json.dumps(value, default=_json_default, separators=(",", ":")).encode("utf-8")
+
+
+def decode(body: bytes, encoding: Encoding) -> Any:
+    """Parse a body; malformed input raises :class:`BadRequest`."""
+    try:
+        if encoding == "msgpack":
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return json.loads(body, object_hook=_json_hook)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
+        raise BadRequest(f"malformed {encoding} body: {e}") from None
+
+
+def decode_kwargs(body: bytes, encoding: Encoding) -> dict[str, Any]:
+    """Parse a call body into keyword arguments; an empty body means no arguments."""
+    if not body.strip():
+        return {}
+    value = decode(body, encoding)
+    if not isinstance(value, dict):
+        raise BadRequest(f"body must be an object of keyword arguments, not {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise BadRequest(f"argument name {key!r} is not a valid identifier")
+    return value
+
+
+def encode_result(result: Any, encoding: Encoding) -> bytes:
+    """The success body ``{"result": result}``."""
+    return encode({"result": result}, encoding)
+
+
+def encode_error(err: CallError, encoding: Encoding) -> bytes:
+    """The error body: the error's :meth:`~CallError.to_dict`."""
+    return encode(err.to_dict(), encoding)

@@ -1,0 +1,296 @@
+"""Run a node's public and internal apps on uvicorn, in one process and one event loop.
+
+Graceful stop (SIGTERM/SIGINT or :meth:`Runner.request_stop`): the node drains first, in a
+worker thread, while both listeners keep answering (``/healthz`` turns 503 at once because
+``node.status`` changes, in-flight calls finish), then the servers stop and the exit code is
+0. Self-fence (:meth:`Runner.on_fence`, callable from any thread, or ``node.status`` seen as
+``"fenced"``): a line starting ``SELF-FENCE:`` is written and the runner exits with code 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+import uvicorn
+
+from cellactors.server.app import (
+    NodeLike,
+    ServerSettings,
+    build_internal_app,
+    build_public_app,
+)
+
+log = logging.getLogger("cellactors.server")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_FENCED = 3
+FENCED = "fenced"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FENCE_GRACE_SECONDS = 5.0
+
+
+class FenceLatch:
+    """A thread-safe one-shot flag the node trips when it fences itself.
+
+    Create it before the node, hand :meth:`trip` to the node as its fence callback, and pass
+    the latch to :func:`serve_node`. Tripping twice keeps the first reason.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def reason(self) -> str | None:
+        with self._lock:
+            return self._reason
+
+    @property
+    def tripped(self) -> bool:
+        return self.reason is not None
+
+    def trip(self, reason: str) -> None:
+        """Record the fence (first reason wins) and wake every listener."""
+        with self._lock:
+            if self._reason is not None:
+                return
+            self._reason = reason or "fenced"
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (from the tripping thread) on trip; at once if already tripped."""
+        with self._lock:
+            self._listeners.append(listener)
+            already = self._reason is not None
+        if already:
+            listener()
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the :class:`Runner`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_one(server: _Server) -> int:
+    """Serve until told to exit; uvicorn exits the process on bind failure, catch that."""
+    try:
+        await server.serve()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_ERROR
+    return EXIT_OK
+
+
+class Runner:
+    """Both listeners of one node, with graceful drain and self-fence handling."""
+
+    def __init__(
+        self,
+        node: NodeLike,
+        fleet_key: bytes,
+        *,
+        public: tuple[str, int] = ("0.0.0.0", 8080),
+        internal: tuple[str, int] = ("127.0.0.1", 8081),
+        settings: ServerSettings | None = None,
+        fence: FenceLatch | None = None,
+        fence_stream: TextIO | None = None,
+        access_log: bool = False,
+    ) -> None:
+        self.node = node
+        self.settings = settings or ServerSettings()
+        self.fence = fence or FenceLatch()
+        self.fence_stream = fence_stream
+        self.public_app = build_public_app(node, fleet_key, self.settings)
+        self.internal_app = build_internal_app(node, fleet_key, self.settings)
+        self._binds = {"public": public, "internal": internal}
+        self._access_log = access_log
+        self.ready = threading.Event()  # set once both listeners accept connections
+        self.public_address: tuple[str, int] | None = None
+        self.internal_address: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+        self._stop_requests = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._servers: list[_Server] = []
+        self.fence.subscribe(self._poke)
+
+    def on_fence(self, reason: str) -> None:
+        """The node's fence callback: thread-safe, returns at once; the runner exits 3."""
+        self.fence.trip(reason)
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop (what SIGTERM does); thread-safe. A second request while
+        stopping makes the servers stop without waiting for open connections."""
+        with self._lock:
+            self._stop_requests += 1
+            force = self._stop_requests > 1
+        if force:
+            for server in self._servers:
+                server.force_exit = True
+        self._poke()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Route SIGTERM and SIGINT to :meth:`request_stop` (main thread only)."""
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.request_stop)
+
+    def remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    def _config(self, which: str) -> uvicorn.Config:
+        host, port = self._binds[which]
+        app = self.public_app if which == "public" else self.internal_app
+        return uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            log_config=None,
+            access_log=self._access_log,
+            timeout_keep_alive=int(self.settings.keep_alive_timeout),
+            timeout_graceful_shutdown=int(self.settings.graceful_timeout),
+        )
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Serve until stopped or fenced; the process exit code (0, 1 or 3)."""
+        return asyncio.run(self.serve(install_signals=install_signals))
+
+    async def serve(self, *, install_signals: bool = True) -> int:
+        """The async body of :meth:`run`."""
+        loop = asyncio.get_running_loop()
+        self._loop, self._wake = loop, asyncio.Event()
+        if install_signals:
+            self.install_signal_handlers(loop)
+        try:
+            return await self._serve()
+        finally:
+            if install_signals:
+                self.remove_signal_handlers(loop)
+            self._loop = None
+
+    async def _serve(self) -> int:
+        assert self._wake is not None
+        if self.fence.tripped:
+            return self._fenced()
+        self._servers = [_Server(self._config("public")), _Server(self._config("internal"))]
+        with self._lock:
+            if self._stop_requests > 1:
+                for server in self._servers:
+                    server.force_exit = True
+        tasks = [asyncio.create_task(_serve_one(s)) for s in self._servers]
+        while not all(s.started for s in self._servers):
+            if any(t.done() for t in tasks):
+                log.error("a listener failed to start")
+                await self._stop_servers(tasks)
+                return EXIT_ERROR
+            await asyncio.wait(tasks, timeout=0.02)
+        self.public_address = _bound_address(self._servers[0])
+        self.internal_address = _bound_address(self._servers[1])
+        log.info(
+            "node %s serving: public %s, internal %s",
+            self.node.node_id,
+            self.public_address,
+            self.internal_address,
+        )
+        self.ready.set()
+
+        code = await self._wait_for_stop(tasks)
+        if code == EXIT_OK:
+            code = await self._drain()
+        if self.fence.tripped:
+            code = self._fenced()
+            for server in self._servers:
+                server.config.timeout_graceful_shutdown = int(FENCE_GRACE_SECONDS)
+        await self._stop_servers(tasks)
+        return code
+
+    async def _wait_for_stop(self, tasks: list[asyncio.Task[int]]) -> int:
+        """Wait for a stop request, a fence, or a listener dying."""
+        assert self._wake is not None
+        while True:
+            if self.fence.tripped:
+                return EXIT_FENCED
+            with self._lock:
+                if self._stop_requests:
+                    return EXIT_OK
+            if self.node.status == FENCED:
+                self.fence.trip("node status is fenced")
+                continue
+            if any(t.done() for t in tasks):
+                log.error("a listener stopped unexpectedly")
+                return EXIT_ERROR
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.fence_poll_interval)
+            self._wake.clear()
+
+    async def _drain(self) -> int:
+        """Drain the node in a worker thread; the listeners keep answering meanwhile."""
+        log.info("node %s draining", self.node.node_id)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.node.drain)
+        except Exception:
+            log.exception("drain of node %s failed", self.node.node_id)
+            return EXIT_ERROR
+        log.info("node %s drained", self.node.node_id)
+        return EXIT_OK
+
+    def _fenced(self) -> int:
+        reason = self.fence.reason or "fenced"
+        stream = self.fence_stream if self.fence_stream is not None else sys.stderr
+        stream.write(f"SELF-FENCE: node {self.node.node_id}: {reason}\n")
+        stream.flush()
+        log.critical("self-fenced: %s", reason)
+        return EXIT_FENCED
+
+    async def _stop_servers(self, tasks: list[asyncio.Task[int]]) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _bound_address(server: uvicorn.Server) -> tuple[str, int]:
+    sock = server.servers[0].sockets[0]
+    host, port = sock.getsockname()[:2]
+    return str(host), int(port)
+
+
+def serve_node(
+    node: NodeLike,
+    fleet_key: bytes,
+    public: tuple[str, int] = ("0.0.0.0", 8080),
+    internal: tuple[str, int] = ("127.0.0.1", 8081),
+    settings: ServerSettings | None = None,
+    *,
+    fence: FenceLatch | None = None,
+    install_signals: bool = True,
+) -> int:
+    """Serve ``node`` until SIGTERM (drain, exit 0) or self-fence (exit 3); the exit code.
+
+    ``fence`` is the latch whose :meth:`FenceLatch.trip` the node calls when it fences
+    itself; without one the runner still notices ``node.status == "fenced"`` by polling.
+    """
+    runner = Runner(
+        node, fleet_key, public=public, internal=internal, settings=settings, fence=fence
+    )
+    return runner.run(install_signals=install_signals)
