@@ -33,9 +33,14 @@ class StoreOptions:
 
 def s3_endpoint_from_env(env: Mapping[str, str]) -> str | None:
     """The S3 endpoint boto3 would pick up from the environment, if any."""
+    found = _s3_endpoint_var(env)
+    return env[found] if found else None
+
+
+def _s3_endpoint_var(env: Mapping[str, str]) -> str | None:
     for var in _S3_ENDPOINT_VARS:
         if env.get(var):
-            return env[var]
+            return var
     return None
 
 
@@ -47,11 +52,11 @@ def check_options(spec: BucketSpec, options: StoreOptions, env: Mapping[str, str
                 f"{spec} is a GCS bucket: an S3 endpoint ({options.endpoint}) cannot be used "
                 "with it; drop --endpoint"
             )
-        env_endpoint = s3_endpoint_from_env(env)
-        if env_endpoint:
+        env_var = _s3_endpoint_var(env)
+        if env_var:
             raise ConfigError(
                 f"{spec} is a GCS bucket but an S3 endpoint is set in the environment "
-                f"({env_endpoint}); unset AWS_ENDPOINT_URL"
+                f"({env_var}={env[env_var]}); unset {env_var}"
             )
         if options.access_key or options.secret_key:
             raise ConfigError(

@@ -9,15 +9,16 @@ import re
 
 from cellactors.errors import InvalidCellId
 
-_CELL_ID_RE = re.compile(r"^[A-Za-z0-9_.:$-]{1,255}$")
-_NODE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# Used with fullmatch: a pattern ending in "$" would also accept a trailing newline.
+_CELL_ID_RE = re.compile(r"[A-Za-z0-9_.:$-]{1,255}")
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def validate_cell_id(cell_id: str) -> str:
     """Return ``cell_id`` if it is ``<Class>:<name>`` with allowed characters, else raise."""
     if not isinstance(cell_id, str):
         raise InvalidCellId(f"cell id must be a string, not {type(cell_id).__name__}")
-    if cell_id in (".", "..") or not _CELL_ID_RE.match(cell_id):
+    if cell_id in (".", "..") or not _CELL_ID_RE.fullmatch(cell_id):
         raise InvalidCellId(
             f"invalid cell id {cell_id!r}: use 1-255 characters from [A-Za-z0-9_.:$-], "
             "never '.' or '..'"
@@ -37,7 +38,7 @@ def make_cell_id(cls_name: str, name: str) -> str:
 
 def validate_node_id(node_id: str) -> str:
     """Node ids become ``nodes/<node>.json``; keep them to a safe alphabet."""
-    if not isinstance(node_id, str) or node_id in (".", "..") or not _NODE_ID_RE.match(node_id):
+    if not isinstance(node_id, str) or node_id in (".", "..") or not _NODE_ID_RE.fullmatch(node_id):
         raise InvalidCellId(
             f"invalid node id {node_id!r}: use 1-128 characters from [A-Za-z0-9_.-]"
         )
@@ -65,7 +66,7 @@ def seal_key(cell_id: str, epoch: int) -> str:
 
 
 def snapshot_key(cell_id: str, txid: int) -> str:
-    return cell_root(cell_id) + f"snap/{txid:016x}.db"
+    return cell_root(cell_id) + f"snap/{txid:016x}.snap"
 
 
 def lease_key(node_id: str) -> str:

@@ -7,15 +7,19 @@ whose expiry has passed by their own clock as dead.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cellactors.errors import BucketError, InvalidCellId
 from cellactors.persistence import keys, records
 from cellactors.persistence.bucket import Bucket, CasResult, Guard
 
 PEER_PROTOCOL = 1
+
+log = logging.getLogger(__name__)
 
 
 def now_ms() -> int:
@@ -100,7 +104,9 @@ class LeaseStore:
     def read_capacity_peers(self, at_ms: int | None = None) -> list[NodeLease]:
         """Live peers speaking our peer protocol, self excluded.
 
-        Objects not modified within ``max(3 x TTL, 60 s)`` are skipped without a read.
+        Objects not modified within ``max(3 x TTL, 60 s)`` are skipped without a read. A key
+        that names no valid node, or a lease that does not decode (a stray object, or a
+        peer speaking a future format), is skipped rather than failing the whole listing.
         """
         at = now_ms() if at_ms is None else at_ms
         horizon = at - int(max(3 * self.ttl_s, 60.0) * 1000)
@@ -111,10 +117,18 @@ class LeaseStore:
             node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
             if node_id == self.node:
                 continue
-            snap = self.read_lease(node_id)
-            if snap is None:
+            try:
+                key = keys.lease_key(node_id)
+            except InvalidCellId:
+                continue  # not a lease key, e.g. nodes/sub/x.json
+            obj = self.bucket.get(key)  # store failures propagate
+            if obj is None:
                 continue
-            lease = snap.lease
+            try:
+                lease = _decode_lease(key, obj.body)
+            except BucketError as err:
+                log.warning("skipping unreadable peer lease %s: %s", key, err)
+                continue
             if lease.is_live(at) and lease.peer_protocol == PEER_PROTOCOL and lease.node == node_id:
                 peers.append(lease)
         return peers

@@ -6,6 +6,7 @@ every node ends with the same key.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 
 from cellactors.errors import AmbiguousWrite, BucketError
@@ -34,11 +35,9 @@ def ensure_peer_key(bucket: Bucket, attempts: int = 3) -> bytes:
         if existing is not None:
             return existing
         body = records.encode({"version": 1, "key": secrets.token_hex(32)})
-        try:
+        # Applied, Rejected or ambiguous: the stored key, read next, is the answer either way.
+        with contextlib.suppress(AmbiguousWrite):
             bucket.put_cas(keys.PEER_AUTH_KEY, body, Absent())
-        except AmbiguousWrite:
-            pass  # read back below
-        # Applied, Rejected or unknown: the stored key is the answer either way.
     existing = _read_key(bucket)
     if existing is None:
         raise BucketError(f"could not create or read {keys.PEER_AUTH_KEY}")

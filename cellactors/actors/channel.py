@@ -1,0 +1,111 @@
+"""The hand-off between a cell actor and its replicator.
+
+The cell commits transactions into the channel and parks every response in the ack gate;
+the replicator takes what is unshipped, uploads it, and acknowledges or fails. A lock
+guards the shared state; futures are settled outside it, in txid order.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pykka
+
+from cellactors.core.acks import AckGate
+from cellactors.persistence.batches import Txn
+
+
+class Outcome:
+    """A finished call waiting for its acknowledgement: a value or an exception."""
+
+    __slots__ = ("error", "reply", "value")
+
+    def __init__(self, reply: pykka.Future[Any], value: Any = None, error: BaseException | None = None):
+        self.reply = reply
+        self.value = value
+        self.error = error
+
+    def release(self) -> None:
+        if self.error is not None:
+            self.reply.set_exception((type(self.error), self.error, None))
+        else:
+            self.reply.set(self.value)
+
+
+class ReplicaChannel:
+    """Committed-but-unshipped transactions and held responses of one cell activation."""
+
+    def __init__(self, acked_txid: int) -> None:
+        self._lock = threading.Lock()
+        self._progress = threading.Condition(self._lock)
+        self.gate: AckGate[Outcome] = AckGate(acked_txid)
+        self._unshipped: list[Txn] = []
+        self.on_commit: Any = None  # callable that wakes the replicator
+
+    def commit(self, txn: Txn) -> None:
+        with self._lock:
+            if self.gate.failed is not None:
+                raise self.gate.failed
+            self.gate.commit(txn.txid)
+            self._unshipped.append(txn)
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def hold(self, outcome: Outcome) -> None:
+        with self._lock:
+            try:
+                ready = self.gate.hold(outcome)
+            except BaseException as err:  # the gate has failed: nothing is released
+                outcome.error, outcome.value = err, None
+                ready = [outcome]
+        for item in ready:
+            item.release()
+
+    def note_progress(self) -> None:
+        """The cell finished a message (wakes a lingering replicator)."""
+        with self._lock:
+            self._progress.notify_all()
+
+    def wait_progress(self, timeout: float) -> None:
+        with self._lock:
+            self._progress.wait(max(0.0, timeout))
+
+    def take(self) -> list[Txn]:
+        with self._lock:
+            out, self._unshipped = self._unshipped, []
+            return out
+
+    def ack(self, upto: int) -> None:
+        with self._lock:
+            ready = self.gate.ack(upto)
+        for item in ready:
+            item.release()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            held = self.gate.fail(error)
+            self._unshipped = []
+        for item in held:
+            item.error, item.value = error, None
+            item.release()
+
+    @property
+    def acked(self) -> int:
+        with self._lock:
+            return self.gate.acked
+
+    @property
+    def committed(self) -> int:
+        with self._lock:
+            return self.gate.committed
+
+    @property
+    def failed(self) -> BaseException | None:
+        with self._lock:
+            return self.gate.failed
+
+    def idle(self) -> bool:
+        """Nothing unshipped and nothing unacknowledged."""
+        with self._lock:
+            return not self._unshipped and self.gate.unacked == 0

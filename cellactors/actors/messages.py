@@ -1,0 +1,42 @@
+"""Messages passed between the node and a cell's actors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+
+@dataclass
+class Invoke:
+    """Run ``method(*args, **kwargs)`` as one transaction; ``reply`` gets the held outcome."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    reply: pykka.Future[Any]
+
+
+@dataclass
+class Open:
+    """First message of an activation: attach the runtime and run ``on_activate``."""
+
+    runtime: Any  # CellRuntime; typed loosely to avoid an import cycle
+
+
+@dataclass
+class TakeImage:
+    """Ask the cell for (committed txid, database image) for a snapshot."""
+
+
+@dataclass
+class Kick:
+    """Tell the replicator there may be committed, unshipped transactions."""
+
+
+@dataclass
+class Flush:
+    """Ask the replicator to ship everything and answer when all is acknowledged or failed."""
+
+    done: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)

@@ -1,0 +1,466 @@
+"""A node hosts cells: it routes calls, activates cells through their ownership actors,
+passivates idle ones, and keeps the node lease through the lease actor.
+
+Several nodes may live in one process against one bucket (the protocol tests do this);
+each has its own data directory, lease and actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from cellactors.actors.cell import CellActor, check_serializable
+from cellactors.actors.lease import LeaseActor
+from cellactors.actors.messages import Invoke
+from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
+from cellactors.actors.replicator import SnapshotPolicy
+from cellactors.core import acquire
+from cellactors.errors import (
+    ActivationFailed,
+    BadRequest,
+    CallError,
+    NodeUnavailable,
+    NotDurable,
+    RemoteOwner,
+    StaleRoute,
+    UnknownCell,
+)
+from cellactors.persistence import keys
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.leases import LeaseStore
+from cellactors.persistence.metered import MeteredBucket
+from cellactors.persistence.ownership import OwnershipStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeSettings:
+    """Tunables of a node; the defaults match PROTOCOL.md."""
+
+    lease_ttl: float = 10.0
+    op_deadline: float = 15.0
+    call_timeout: float = 30.0
+    idle_timeout: float = 300.0
+    max_resident_cells: int = 10_000
+    advertise: str = ""
+    data_dir: Path | None = None
+    snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+
+
+class CellHost:
+    """One activation of one cell on this node, from acquire to release."""
+
+    def __init__(self, cell_id: str, cls: type[CellActor]) -> None:
+        self.cell_id = cell_id
+        self.cls = cls
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.active: Active | None = None
+        self.ownership: pykka.ActorRef[Any] | None = None
+
+    def wait(self, timeout: float) -> Active:
+        if not self.ready.wait(timeout):
+            raise ActivationFailed(f"activation of {self.cell_id} did not finish in {timeout:g}s")
+        if self.error is not None:
+            raise self.error
+        assert self.active is not None
+        return self.active
+
+
+class CellProxy:
+    """``node.cell(Counter, "a").increment("x")``: blocking calls answered after the ack."""
+
+    def __init__(self, node: Node, cls_name: str, name: str) -> None:
+        self._node = node
+        self._cls = cls_name
+        self._name = name
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._node.call(self._cls, self._name, method, kwargs, args=args)
+
+        return call
+
+
+class Node:
+    """A cellactors node: hosts cells, routes calls, holds its lease."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        node_id: str,
+        classes: Iterable[type[CellActor]] = (),
+        settings: NodeSettings | None = None,
+        on_fence: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings or NodeSettings()
+        self.node_id = keys.validate_node_id(node_id)
+        self.generation = secrets.token_hex(8)
+        self.bucket = MeteredBucket(bucket)
+        self.classes: dict[str, type[CellActor]] = {c.__name__: c for c in classes}
+        self.ownership = OwnershipStore(self.bucket, self.node_id)
+        self.leases = LeaseStore(self.bucket, self.node_id, self.settings.lease_ttl)
+        self.metrics = NodeMetrics(self.bucket)
+        self.status = "starting"
+        self.fence_reason: str | None = None
+        self._on_fence = on_fence
+        self._lock = threading.RLock()
+        self._hosts: dict[str, CellHost] = {}
+        self._closing: dict[str, threading.Event] = {}
+        self._local: dict[str, LocalCopy] = {}
+        self._routes: dict[str, tuple[str, str, float]] = {}
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if self.settings.data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"cellactors-{self.node_id}-")
+            base = Path(self._tmp.name)
+        else:
+            base = Path(self.settings.data_dir)
+        self.cells_dir = base / self.node_id / "cells"
+        self.cells_dir.mkdir(parents=True, exist_ok=True)
+        self.lease: pykka.ActorRef[Any] = LeaseActor.start(
+            self.leases, self.generation, self.settings.advertise, self._load, self.fence
+        )
+        self._reaper_stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self, give_up_after: float | None = None) -> Node:
+        """Take the node lease (waiting while another live process holds the identity)."""
+        expires = self.lease.proxy().take(give_up_after).get()
+        log.info("node %s (generation %s) holds its lease until %d", self.node_id, self.generation, expires)
+        self.status = "serving"
+        self._reaper.start()
+        return self
+
+    def register(self, cls: type[CellActor]) -> None:
+        self.classes[cls.__name__] = cls
+
+    def _load(self) -> dict[str, Any]:
+        return {"resident_cells": self.resident_cells()}
+
+    def resident_cells(self) -> int:
+        with self._lock:
+            return sum(1 for h in self._hosts.values() if h.active is not None)
+
+    # --- calls --------------------------------------------------------------------------
+
+    def cell(self, cls: type[CellActor] | str, name: str) -> CellProxy:
+        cls_name = cls if isinstance(cls, str) else cls.__name__
+        if not isinstance(cls, str) and cls_name not in self.classes:
+            self.register(cls)
+        return CellProxy(self, cls_name, name)
+
+    def call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        args: tuple[Any, ...] = (),
+        forwarded: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run ``method`` on cell ``cls_name:name``; returns once the result is durable."""
+        cls = self.classes.get(cls_name)
+        if cls is None:
+            raise UnknownCell(f"no cell class {cls_name!r} is served here")
+        if method not in cls.exposed_methods():
+            raise UnknownCell(f"{cls_name} has no public method {method!r}")
+        cell_id = keys.make_cell_id(cls_name, name)
+        kwargs = dict(kwargs or {})
+        check_serializable([list(args), kwargs], "arguments")
+        budget = self.settings.call_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        self.metrics.calls.inc()
+        started = time.monotonic()
+        for _ in range(3):
+            active = self._activate(cell_id, cls, forwarded, max(0.1, deadline - time.monotonic()))
+            reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            try:
+                active.cell.tell(Invoke(method, tuple(args), kwargs, reply))
+            except pykka.ActorDeadError:
+                continue  # passivated or reset between lookup and send: route again
+            try:
+                result = reply.get(timeout=max(0.1, deadline - time.monotonic()))
+            except pykka.Timeout:
+                raise NotDurable(f"no answer from {cell_id} within {budget:g}s") from None
+            self.metrics.acks.observe(time.monotonic() - started)
+            return result
+        raise ActivationFailed(f"{cell_id} kept moving while routing the call")
+
+    def _activate(self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float) -> Active:
+        with self._lock:
+            if self.status != "serving":
+                raise NodeUnavailable(f"node {self.node_id} is {self.status}")
+            host = self._hosts.get(cell_id)
+            if host is None:
+                route = self._routes.get(cell_id)
+                if route and route[2] > time.monotonic() and not forwarded:
+                    raise RemoteOwner(route[0], route[1])
+                host = CellHost(cell_id, cls)
+                self._hosts[cell_id] = host
+                threading.Thread(
+                    target=self._run_activation, args=(host, forwarded), daemon=True,
+                    name=f"activate-{cell_id}",
+                ).start()
+        return host.wait(timeout)
+
+    def _run_activation(self, host: CellHost, forwarded: bool) -> None:
+        cell_id = host.cell_id
+        closing = self._closing.get(cell_id)
+        if closing is not None:
+            closing.wait(self.settings.op_deadline)
+        own = OwnershipActor.start(
+            cell_id,
+            host.cls,
+            self.bucket,
+            self.ownership,
+            self.leases,
+            self.cells_dir / f"{cell_id}.db",
+            lambda err: self._reset(host, err),
+            self.settings.op_deadline,
+            self.settings.snapshots,
+        )
+        host.ownership = own
+        proxy = own.proxy()
+        try:
+            outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
+            if isinstance(outcome, acquire.Remote):
+                with self._lock:
+                    self._routes[cell_id] = (outcome.node, outcome.addr, time.monotonic() + self.settings.lease_ttl)
+                raise StaleRoute(f"{cell_id} is owned by {outcome.node}") if forwarded else RemoteOwner(
+                    outcome.node, outcome.addr
+                )
+            with self._lock:
+                local = self._local.pop(cell_id, None)
+            prev = None if outcome.takeover else outcome.epoch - 1
+            host.active = proxy.activate(outcome, local, prev).get()
+            if self.status != "serving":
+                raise NodeUnavailable(f"node {self.node_id} is {self.status}")
+        except BaseException as err:
+            host.error = err if isinstance(err, CallError) else ActivationFailed(f"activation of {cell_id} failed: {err}")
+            if not isinstance(err, CallError):
+                log.exception("activation of %s failed", cell_id)
+            with self._lock:
+                if self._hosts.get(cell_id) is host:
+                    del self._hosts[cell_id]
+            try:
+                if host.active is not None:
+                    proxy.abandon(host.error).get()
+            finally:
+                own.stop(block=False)
+        else:
+            with self._lock:
+                self._routes.pop(cell_id, None)
+        finally:
+            host.ready.set()
+
+    def _place(self) -> acquire.Remote | None:
+        """Placement of an unowned cell: here while there is room, else the least-loaded
+        live peer (None means here)."""
+        if self.resident_cells() < self.settings.max_resident_cells:
+            return None
+        peers = self.leases.read_capacity_peers()
+        if not peers:
+            return None
+        best = min(peers, key=lambda p: (int(p.load.get("resident_cells", 0)), p.node))
+        if int(best.load.get("resident_cells", 0)) >= self.settings.max_resident_cells:
+            return None
+        return acquire.Remote(best.node, best.addr)
+
+    def forget_route(self, cls_name: str, name: str) -> None:
+        with self._lock:
+            self._routes.pop(keys.make_cell_id(cls_name, name), None)
+
+    # --- failure, passivation, drain ---------------------------------------------------
+
+    def _reset(self, host: CellHost, error: BaseException) -> None:
+        """The replicator could not prove a write: drop this activation and its local copy."""
+        def run() -> None:
+            with self._lock:
+                if self._hosts.get(host.cell_id) is host:
+                    del self._hosts[host.cell_id]
+                self._local.pop(host.cell_id, None)
+            if host.ownership is not None:
+                try:
+                    host.ownership.proxy().abandon(error).get(timeout=self.settings.op_deadline)
+                    if host.active is not None:
+                        host.active.cell.stop(block=True, timeout=self.settings.op_deadline)
+                        host.active.runtime.database.discard()
+                except (pykka.Timeout, pykka.ActorDeadError):
+                    pass
+                host.ownership.stop(block=False)
+            log.warning("cell %s reset: %s", host.cell_id, error)
+
+        threading.Thread(target=run, name=f"reset-{host.cell_id}", daemon=True).start()
+
+    def passivate(self, cell_id: str) -> bool:
+        """Release one idle cell, keeping its local copy for a quick reactivation."""
+        with self._lock:
+            host = self._hosts.get(cell_id)
+            if host is None or host.active is None:
+                return False
+            del self._hosts[cell_id]
+            done = self._closing[cell_id] = threading.Event()
+        try:
+            local = self._release(host)
+            if local is not None:
+                with self._lock:
+                    self._local[cell_id] = local
+            return True
+        finally:
+            done.set()
+            with self._lock:
+                if self._closing.get(cell_id) is done:
+                    del self._closing[cell_id]
+
+    def _release(self, host: CellHost) -> LocalCopy | None:
+        assert host.ownership is not None
+        try:
+            local: LocalCopy | None = host.ownership.proxy().release(self.settings.op_deadline).get(
+                timeout=self.settings.op_deadline * 3
+            )
+        except pykka.Timeout:
+            local = None
+        host.ownership.stop(block=False)
+        return local
+
+    def _reap(self) -> None:
+        while not self._reaper_stop.wait(min(1.0, self.settings.idle_timeout / 4)):
+            now = time.monotonic()
+            with self._lock:
+                idle = [
+                    cid
+                    for cid, h in self._hosts.items()
+                    if h.active is not None
+                    and now - h.active.runtime.last_used > self.settings.idle_timeout
+                    and h.active.runtime.channel.idle()
+                ]
+            for cid in idle:
+                if self.status == "serving":
+                    self.passivate(cid)
+
+    def fence(self, reason: str) -> None:
+        """Self-fence: stop every cell, fail held calls, acknowledge and write nothing more."""
+        with self._lock:
+            if self.status in ("fenced", "stopped"):
+                return
+            self.status = "fenced"
+            self.fence_reason = reason
+            hosts = list(self._hosts.values())
+            self._hosts.clear()
+        log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
+        error = NodeUnavailable(f"node {self.node_id} fenced itself: {reason}")
+        for host in hosts:
+            if host.active is not None:
+                host.active.runtime.channel.fail(error)
+                host.active.cell.stop(block=False)
+                host.active.replicator.stop(block=False)
+            if host.ownership is not None:
+                host.ownership.stop(block=False)
+        self._reaper_stop.set()
+        if self._on_fence is not None:
+            self._on_fence(reason)
+
+    def drain(self) -> None:
+        """Graceful stop: refuse new calls, finish queued ones, release every cell (a batch at
+        a time), then expire the lease so peers can take over at once."""
+        with self._lock:
+            if self.status in ("fenced", "stopped", "draining"):
+                return
+            self.status = "draining"
+        self._reaper_stop.set()
+        while True:
+            with self._lock:
+                hosts = [h for h in self._hosts.values() if h.active is not None]
+                for h in hosts:
+                    del self._hosts[h.cell_id]
+            if not hosts:
+                break
+            threads = [threading.Thread(target=self._release, args=(h,)) for h in hosts[:16]]
+            for h in hosts[16:]:
+                with self._lock:
+                    self._hosts[h.cell_id] = h
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        try:
+            self.lease.proxy().expire().get(timeout=self.settings.op_deadline)
+        except (pykka.Timeout, pykka.ActorDeadError):
+            pass
+        self.lease.stop(block=False)
+        self.status = "stopped"
+
+    def stop(self) -> None:
+        """Drain if serving; always stop the lease actor and clean temporary files."""
+        if self.status in ("serving", "starting"):
+            self.drain()
+        self._reaper_stop.set()
+        try:
+            self.lease.stop(block=True, timeout=5)
+        except pykka.Timeout:
+            pass
+        if self.status != "fenced":
+            self.status = "stopped"
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # --- introspection ------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        lease = self.lease.proxy()
+        try:
+            expires = lease.expires_ms.get(timeout=1)
+        except (pykka.Timeout, pykka.ActorDeadError):
+            expires = 0
+        with self._lock:
+            cells = [
+                {
+                    "cell": cid,
+                    "epoch": h.active.epoch,
+                    "acked_txid": h.active.runtime.channel.acked,
+                    "committed_txid": h.active.runtime.channel.committed,
+                    "restored_from": h.active.restored_from,
+                }
+                for cid, h in sorted(self._hosts.items())
+                if h.active is not None
+            ]
+        return {
+            "node": self.node_id,
+            "generation": self.generation,
+            "status": self.status,
+            "lease_expires_ms": expires,
+            "cells": cells,
+        }
+
+    def metrics_text(self) -> str:
+        return self.metrics.render(self.node_id, self.resident_cells(), self._uploads_in_flight())
+
+    def _uploads_in_flight(self) -> int:
+        with self._lock:
+            return sum(
+                1
+                for h in self._hosts.values()
+                if h.active is not None and not h.active.runtime.channel.idle()
+            )
+
+
+__all__ = ["BadRequest", "CellProxy", "Node", "NodeSettings"]

@@ -1,0 +1,172 @@
+"""The replicator of one cell activation: ships batches and proves them durable.
+
+One upload in flight per cell: the actor handles one message at a time, and each ``Kick``
+takes *everything* committed since the last upload (group commit). After the batch PUT
+succeeds it re-reads ``own.json``; only if the record still names this node at this epoch
+are the held responses released. Anything else, or no proof within the deadline, fails the
+held responses and resets the cell (PROTOCOL.md, "Writes and the acknowledgement rule").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+
+from cellactors.actors.channel import ReplicaChannel
+from cellactors.actors.messages import Flush, Kick, TakeImage
+from cellactors.errors import BucketError, NotDurable
+from cellactors.persistence import keys
+from cellactors.persistence.batches import Batch, Txn, encode_batch
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.restore import collect_garbage, encode_snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SnapshotPolicy:
+    """Write a snapshot when the chain since the last one is long (txids or bytes)."""
+
+    every_txids: int = 1000
+    every_bytes: int = 64 * 1024 * 1024
+
+
+def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoch: int) -> bool:
+    """The acknowledgement condition: the re-read names this node at this epoch."""
+    return record_node == me and record_epoch == epoch
+
+
+class Replicator(pykka.ThreadingActor):
+    """Uploads a cell's batches, acknowledges or fails the held responses."""
+
+    use_daemon_thread = True  # a stuck cell must not keep the process alive
+
+    def __init__(
+        self,
+        cell_id: str,
+        epoch: int,
+        bucket: Bucket,
+        ownership: OwnershipStore,
+        channel: ReplicaChannel,
+        report_failure: Callable[[BaseException], None],
+        deadline_s: float = 15.0,
+        snapshots: SnapshotPolicy | None = None,
+        snapshot_base: int = 0,
+    ) -> None:
+        super().__init__()
+        self.cell_id = cell_id
+        self.epoch = epoch
+        self.bucket = bucket
+        self.ownership = ownership
+        self.channel = channel
+        self.report_failure = report_failure
+        self.deadline_s = deadline_s
+        self.policy = snapshots or SnapshotPolicy()
+        self.cell_ref: pykka.ActorRef[Any] | None = None
+        self._since_snapshot_txids = 0
+        self._since_snapshot_bytes = 0
+        self._snapshot_base = snapshot_base
+        self._pending_snapshot: tuple[int, bytes] | None = None
+        self.uploads = 0
+        self.linger_s = 0.005
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Kick):
+            self._ship()
+            return None
+        if isinstance(message, Flush):
+            self._ship()
+            message.done.set(self.channel.failed is None)
+            return None
+        return super().on_receive(message)
+
+    def _ship(self) -> None:
+        if self.channel.failed is not None:
+            return
+        self._linger()
+        txns = self.channel.take()
+        if not txns:
+            return
+        try:
+            size = self._upload(txns)
+        except NotDurable as err:
+            log.warning("cell %s epoch %d: %s", self.cell_id, self.epoch, err)
+            self.channel.fail(err)
+            self.report_failure(err)
+            return
+        self.channel.ack(txns[-1].txid)
+        self._since_snapshot_txids += len(txns)
+        self._since_snapshot_bytes += size
+        self._maybe_snapshot()
+
+    def _linger(self) -> None:
+        """Group commit: while the cell still has calls queued, give it a moment (bounded)
+        to commit them, so they share this upload instead of each paying for their own."""
+        cell = self.cell_ref
+        if cell is None:
+            return
+        until = time.monotonic() + self.linger_s
+        while cell.actor_inbox.qsize() > 0 and time.monotonic() < until:
+            self.channel.wait_progress(until - time.monotonic())
+
+    def _upload(self, txns: list[Txn]) -> int:
+        deadline = time.monotonic() + self.deadline_s
+        batch = Batch(self.cell_id, self.epoch, txns)
+        body = encode_batch(batch)
+        key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
+        self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
+        self.uploads += 1
+        record = self._retry(lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read")
+        node = record.node if record else None
+        epoch = record.epoch if record else None
+        if not owner_still(node, epoch, self.ownership.node, self.epoch):
+            raise NotDurable(
+                f"ownership lost: own.json names {node!r} at epoch {epoch}, not "
+                f"{self.ownership.node!r} at {self.epoch}; the write is not known durable"
+            )
+        return len(body)
+
+    def _retry(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
+        delay = 0.05
+        while True:
+            try:
+                return op()
+            except BucketError as err:
+                if time.monotonic() + delay >= deadline:
+                    raise NotDurable(
+                        f"{what} could not be proven within {self.deadline_s:.0f}s: {err}"
+                    ) from err
+                time.sleep(delay)  # backoff between retries of a failing store request
+                delay = min(delay * 2, 1.0)
+
+    def _maybe_snapshot(self) -> None:
+        if self._pending_snapshot is None and self.cell_ref is not None and (
+            self._since_snapshot_txids >= self.policy.every_txids
+            or self._since_snapshot_bytes >= self.policy.every_bytes
+        ):
+            try:
+                self._pending_snapshot = self.cell_ref.ask(TakeImage(), timeout=self.deadline_s)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                return
+            self._since_snapshot_txids = self._since_snapshot_bytes = 0
+        if self._pending_snapshot is None:
+            return
+        txid, image = self._pending_snapshot
+        if txid > self.channel.acked or txid <= self._snapshot_base:
+            return  # only acknowledged state may be snapshotted; wait for the ack
+        self._pending_snapshot = None
+        try:
+            self.bucket.put(
+                keys.snapshot_key(self.cell_id, txid),
+                encode_snapshot(self.cell_id, self.epoch, txid, image),
+            )
+            self._snapshot_base = txid
+            collect_garbage(self.bucket, self.cell_id, self.epoch, txid)
+        except BucketError as err:  # a snapshot is an optimisation; the chain is intact
+            log.warning("cell %s: snapshot at txid %d failed: %s", self.cell_id, txid, err)

@@ -1,0 +1,74 @@
+"""Deciding how to acquire a cell from what the bucket said (PROTOCOL.md, "Ownership").
+
+:func:`decide` is called after reading ``own.json`` and, when it names another node, again
+after reading that node's lease. It never steals from a live owner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cellactors.persistence.bucket import Absent, Guard, Match
+from cellactors.persistence.leases import NodeLease
+from cellactors.persistence.ownership import OwnerRecord
+
+MAX_ATTEMPTS = 5
+MAX_AMBIGUOUS = 3
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Write ``{me, epoch}`` guarded by ``guard``; ``takeover`` when a dead owner is replaced."""
+
+    epoch: int
+    guard: Guard
+    takeover: bool = False
+    previous_owner: str = ""
+
+
+@dataclass(frozen=True)
+class ReadLease:
+    """Read ``nodes/<node>.json`` before deciding."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Another node owns the cell and its lease is live: route there."""
+
+    node: str
+    addr: str
+
+
+Decision = Claim | ReadLease | Remote
+
+_UNREAD = object()
+
+
+def decide(
+    me: str,
+    record: OwnerRecord | None,
+    now_ms: int,
+    lease: NodeLease | None | object = _UNREAD,
+) -> Decision:
+    """Next step of an acquire, given the ownership record and (if read) the owner's lease."""
+    if record is None:
+        return Claim(epoch=1, guard=Absent())
+    if record.node in (me, ""):
+        return Claim(epoch=record.epoch + 1, guard=Match(record.token))
+    if lease is _UNREAD:
+        return ReadLease(record.node)
+    if isinstance(lease, NodeLease) and lease.node == record.node and lease.is_live(now_ms):
+        return Remote(record.node, lease.addr)
+    return Claim(
+        epoch=record.epoch + 1,
+        guard=Match(record.token),
+        takeover=True,
+        previous_owner=record.node,
+    )
+
+
+def confirmed(me: str, claim: Claim, read_back: OwnerRecord | None) -> bool:
+    """After an ambiguous claim: did it apply? Only if the record names us at the new epoch."""
+    return read_back is not None and read_back.node == me and read_back.epoch == claim.epoch

@@ -1,0 +1,105 @@
+"""Change batches: the msgpack objects under ``cells/<cell>/e<epoch>/<first>-<last>.batch``.
+
+A batch holds consecutive transactions ``first..last`` of one epoch. Each transaction is
+either row images (table, key, full row or ``None`` for a deletion) or, when it changed the
+schema, a whole-database image. The batch objects double as the cell's event log.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from cellactors.errors import BucketError
+
+FORMAT_VERSION = 1
+_BATCH_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.batch$")
+
+
+@dataclass
+class Txn:
+    """One committed transaction as replicated."""
+
+    txid: int
+    rows: list[tuple[str, list[Any], list[Any] | None]] = field(default_factory=list)
+    columns: dict[str, list[str]] = field(default_factory=dict)
+    sequence: list[list[Any]] | None = None
+    image: bytes | None = None
+    ts_ms: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "txid": self.txid,
+            "ts": self.ts_ms,
+            "rows": [[t, k, r] for t, k, r in self.rows],
+            "cols": self.columns,
+            "seq": self.sequence,
+            "image": self.image,
+        }
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Txn:
+        return cls(
+            txid=int(value["txid"]),
+            rows=[(str(t), list(k), None if r is None else list(r)) for t, k, r in value["rows"]],
+            columns={str(k): list(v) for k, v in value["cols"].items()},
+            sequence=value.get("seq"),
+            image=value.get("image"),
+            ts_ms=int(value.get("ts", 0)),
+        )
+
+
+@dataclass
+class Batch:
+    cell_id: str
+    epoch: int
+    txns: list[Txn]
+
+    @property
+    def first(self) -> int:
+        return self.txns[0].txid
+
+    @property
+    def last(self) -> int:
+        return self.txns[-1].txid
+
+
+def encode_batch(batch: Batch) -> bytes:
+    if not batch.txns:
+        raise ValueError("empty batch")
+    ids = [t.txid for t in batch.txns]
+    if ids != list(range(ids[0], ids[0] + len(ids))):
+        raise ValueError(f"batch txids are not consecutive: {ids}")
+    payload = {
+        "v": FORMAT_VERSION,
+        "cell": batch.cell_id,
+        "epoch": batch.epoch,
+        "txns": [t.to_wire() for t in batch.txns],
+    }
+    return bytes(msgpack.packb(payload, use_bin_type=True))
+
+
+def decode_batch(key: str, body: bytes) -> Batch:
+    try:
+        value = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if value.get("v") != FORMAT_VERSION:
+            raise ValueError(f"unsupported batch version {value.get('v')!r}")
+        return Batch(
+            cell_id=str(value["cell"]),
+            epoch=int(value["epoch"]),
+            txns=[Txn.from_wire(t) for t in value["txns"]],
+        )
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
+        raise BucketError(f"{key} is not a valid change batch: {err}") from err
+
+
+def parse_batch_name(name: str) -> tuple[int, int] | None:
+    """``<first:016x>-<last:016x>.batch`` -> (first, last), or None for other names."""
+    m = _BATCH_NAME.match(name)
+    if not m:
+        return None
+    first, last = int(m.group(1), 16), int(m.group(2), 16)
+    return (first, last) if first <= last else None

@@ -1,0 +1,204 @@
+"""A cell's local SQLite database: one transaction per call, with exact change capture.
+
+The runtime owns transactions. User code gets a sqlite-utils ``Database`` over a connection
+whose ``commit``/``rollback``/context manager are inert, so library helpers that wrap their
+work in ``with conn:`` cannot commit half a call. An authorizer refuses what capture could
+not replicate (virtual tables, ATTACH) and explicit transaction control, with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlite_utils
+
+from cellactors.persistence import capture
+from cellactors.persistence.batches import Txn
+
+T = TypeVar("T")
+
+_DENIED = {
+    22: "explicit transaction control (BEGIN/COMMIT/ROLLBACK): each call is one transaction",
+    24: "ATTACH: attached databases are not replicated",
+    25: "DETACH: attached databases are not replicated",
+    29: "CREATE VIRTUAL TABLE: virtual tables are not replicated",
+    30: "DROP VIRTUAL TABLE: virtual tables are not replicated",
+}
+
+
+class CellConnection(sqlite3.Connection):
+    """A connection whose transaction methods are inert for user code."""
+
+    def commit(self) -> None:
+        """Inert: the runtime commits when the call returns."""
+
+    def rollback(self) -> None:
+        """Inert: the runtime rolls back when the call raises."""
+
+    def __enter__(self) -> CellConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:  # type: ignore[override]
+        return False
+
+
+class Refused(capture.UnsupportedSchema):
+    """User code attempted something the runtime refuses (see the message)."""
+
+
+class CellDatabase:
+    """The SQLite file of one cell and the transaction discipline around it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = self._connect()
+        self.db = sqlite_utils.Database(self.conn)
+        # sqlite-utils probes upsert support by creating and dropping a table in the user's
+        # database, which would look like a schema change; every supported SQLite has it.
+        self.db._supports_on_conflict = True  # type: ignore[attr-defined]
+        self._refusal: str | None = None
+        self._after_change()
+
+    def _connect(self) -> CellConnection:
+        conn = sqlite3.connect(
+            self.path, factory=CellConnection, isolation_level=None, check_same_thread=False
+        )
+        # The bucket is the durability root; the local file is a cache of it.
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = OFF")
+        return conn  # type: ignore[return-value]
+
+    def _after_change(self) -> None:
+        self.shapes = capture.install(self.conn)
+        self.schema = capture.schema_version(self.conn)
+        self.sequence = capture.read_sequence(self.conn)
+
+    def _authorize(self, action: int, *_args: object) -> int:
+        reason = _DENIED.get(action)
+        if reason is None:
+            return sqlite3.SQLITE_OK
+        self._refusal = reason
+        return sqlite3.SQLITE_DENY
+
+    def run(
+        self, fn: Callable[[], T], check: Callable[[T], None] | None = None
+    ) -> tuple[T, capture.TxnChanges]:
+        """Run ``fn`` as one transaction; commit if it returns (and ``check`` accepts the
+        result), roll back and re-raise if either raises."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._refusal = None
+            conn.set_authorizer(self._authorize)
+            try:
+                result = fn()
+            finally:
+                conn.set_authorizer(None)
+            if self._refusal is not None:
+                raise Refused(f"refused: {self._refusal}")
+            if check is not None:
+                check(result)
+            version = capture.schema_version(conn)
+            changed = version != self.schema
+            if changed:
+                self.shapes = capture.install(conn)  # raises for unsupported tables
+            changes = capture.collect(conn, self.shapes, changed)
+            sequence = capture.read_sequence(conn)
+            if sequence != self.sequence:
+                changes.sequence = sequence
+            conn.execute("COMMIT")
+        except BaseException as err:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if self._refusal is not None and isinstance(err, sqlite3.DatabaseError):
+                raise Refused(f"refused: {self._refusal}") from err
+            raise
+        self.schema = capture.schema_version(conn)
+        self.sequence = sequence
+        return result, changes
+
+    def image(self) -> bytes:
+        """The whole database as bytes (for schema-changing transactions and snapshots)."""
+        return capture.database_image(self.conn)
+
+    def load_image(self, image: bytes) -> None:
+        """Replace the whole database with ``image``."""
+        fd, tmp = tempfile.mkstemp(suffix=".db")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(image)
+            src = sqlite3.connect(tmp)
+            try:
+                src.backup(self.conn)
+            finally:
+                src.close()
+        finally:
+            os.unlink(tmp)
+        self._after_change()
+
+    def apply(self, txn: Txn) -> None:
+        """Replay one replicated transaction."""
+        if txn.image is not None:
+            self.load_image(txn.image)
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            with capture.without_user_triggers(conn):
+                capture.apply_rows(conn, txn.rows, txn.columns, txn.sequence)
+            conn.execute(f"DELETE FROM {capture.CHANGES_TABLE}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if txn.sequence is not None:
+            self.sequence = txn.sequence
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def discard(self) -> None:
+        """Close and delete the local copy (after a reset)."""
+        self.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(self.path) + suffix).unlink(missing_ok=True)
+
+
+def to_txn(txid: int, changes: capture.TxnChanges, image: bytes | None, ts_ms: int) -> Txn:
+    """Build the replicated form of a committed transaction."""
+    return Txn(
+        txid=txid,
+        rows=[] if image is not None else changes.rows,
+        columns={} if image is not None else changes.columns,
+        sequence=None if image is not None else changes.sequence,
+        image=image,
+        ts_ms=ts_ms,
+    )
+
+
+def dump(db: sqlite_utils.Database) -> dict[str, Any]:
+    """Schema and every row of every table (``sqlite_sequence`` included), for comparisons."""
+    conn = db.conn
+    schema = sorted(
+        (str(t), str(n), str(s))
+        for t, n, s in conn.execute(
+            "SELECT type, name, sql FROM main.sqlite_master WHERE sql IS NOT NULL"
+        )
+    )
+    tables: dict[str, Any] = {}
+    for (name,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type='table'"):
+        shape_sql = conn.execute(
+            "SELECT sql FROM main.sqlite_master WHERE name=?", (name,)
+        ).fetchone()[0]
+        rowid = capture.table_shape(conn, name, shape_sql).rowid if name != "sqlite_sequence" else True
+        cols = "rowid, *" if rowid else "*"
+        rows = conn.execute(f"SELECT {cols} FROM main.{capture.quote(name)}").fetchall()
+        tables[name] = sorted(rows, key=repr)
+    return {"schema": schema, "tables": tables}

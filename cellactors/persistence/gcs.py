@@ -1,0 +1,245 @@
+"""The GCS dialect, through google-cloud-storage.
+
+Tokens are object generations. Conditional writes use ``if_generation_match`` (0 means
+"create only"), go out as one multipart request (a resumable upload would split the write
+into several requests, and fake-gcs-server ignores preconditions on those) and are never
+retried by the client: a retried write that had already committed would come back as a
+false 412.
+
+One client per process and emulator setting is shared by every :class:`GcsBucket`. When
+``STORAGE_EMULATOR_HOST`` is set the library talks to that emulator, and we connect
+anonymously; otherwise Application Default Credentials are used.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import google.api_core.exceptions as gexc
+import google.auth.exceptions
+import requests
+import requests.adapters
+from google.api_core.retry import Retry
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY
+
+from cellactors.errors import AmbiguousWrite, BucketError, ConfigError
+from cellactors.persistence.bucket import (
+    MAX_CAS_BODY,
+    Absent,
+    Applied,
+    Bucket,
+    CasResult,
+    Guard,
+    ObjectInfo,
+    Rejected,
+    StoredObject,
+    join_prefix,
+    strip_prefix,
+)
+
+EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
+_EMULATOR_PROJECT = "cellactors-emulator"
+_POOL_SIZE = 64
+_CONTENT_TYPE = "application/octet-stream"
+
+# Failures below HTTP: the request may have reached the server and committed.
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    requests.exceptions.RequestException,
+    google.auth.exceptions.TransportError,
+    ConnectionError,
+    TimeoutError,
+)
+_FAILURES: tuple[type[BaseException], ...] = (gexc.GoogleAPIError, *_TRANSPORT_ERRORS)
+
+_clients_lock = threading.Lock()
+_clients: dict[str | None, Any] = {}
+
+
+def _new_client(emulator: str | None) -> Any:
+    """Build a storage client: anonymous against an emulator, else ADC."""
+    if emulator:
+        project = os.environ.get("GOOGLE_CLOUD_PROJECT") or _EMULATOR_PROJECT
+        anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        client = storage.Client(project=project, credentials=anonymous)
+    else:
+        try:
+            client = storage.Client()
+        except google.auth.exceptions.DefaultCredentialsError as err:
+            raise ConfigError(
+                f"no Google Application Default Credentials for a gs:// bucket: {err}"
+            ) from err
+        except OSError:
+            # Credentials found but no project: object operations do not need one.
+            client = storage.Client(project=None)
+    # The library fetches bucket metadata in background threads for tracing attributes;
+    # that adds requests (and an IAM permission) the protocol does not account for.
+    if hasattr(client, "_bucket_metadata_cache"):
+        client._bucket_metadata_cache = None
+    # requests keeps 10 connections per host by default; cells call from many threads.
+    # (An mTLS session has its own adapter, which we must not replace.)
+    session = client._http
+    if not getattr(session, "is_mtls", False):
+        adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=_POOL_SIZE)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+    return client
+
+
+def _client() -> Any:
+    """The process-wide client for the current emulator setting, created on first use."""
+    emulator = os.environ.get(EMULATOR_VAR) or None
+    with _clients_lock:
+        client = _clients.get(emulator)
+        if client is None:
+            client = _new_client(emulator)
+            _clients[emulator] = client
+        return client
+
+
+def _ms(value: datetime.datetime | None) -> int:
+    return int(value.timestamp() * 1000) if value is not None else 0
+
+
+def _token(key: str, generation: Any) -> str:
+    if generation is None:
+        raise BucketError(f"{key}: the store returned no object generation")
+    return str(int(generation))
+
+
+def _status(err: gexc.GoogleAPICallError) -> int:
+    code = err.code
+    return int(code) if isinstance(code, int) else 0
+
+
+class GcsBucket(Bucket):
+    """A bucket in the GCS dialect (Google Cloud Storage or fake-gcs-server)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, timeout: float = 10.0) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.timeout = timeout
+        self.spec = f"gs://{bucket}" + (f"/{prefix}" if prefix else "")
+        self._client = _client()
+        self._bucket = self._client.bucket(bucket)
+        self._retry: Retry = DEFAULT_RETRY.with_timeout(timeout)
+
+    def _key(self, key: str) -> str:
+        return join_prefix(self.prefix, key)
+
+    def get(self, key: str) -> StoredObject | None:
+        blob = self._bucket.blob(self._key(key))
+        try:
+            # One request: the generation comes from the download's response headers, and
+            # a resumed download is pinned to that generation by the library.
+            body = blob.download_as_bytes(timeout=self.timeout, retry=self._retry)
+        except gexc.NotFound:
+            return None
+        except _FAILURES as err:
+            raise BucketError(f"GET {key} failed: {err}") from err
+        return StoredObject(body=bytes(body), token=_token(key, blob.generation))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            blob = self._bucket.get_blob(self._key(key), timeout=self.timeout, retry=self._retry)
+        except _FAILURES as err:
+            raise BucketError(f"HEAD {key} failed: {err}") from err
+        if blob is None:
+            return None
+        return ObjectInfo(
+            key=key,
+            token=_token(key, blob.generation),
+            size=int(blob.size or 0),
+            last_modified_ms=_ms(blob.updated),
+        )
+
+    def put(self, key: str, body: bytes) -> str:
+        blob = self._bucket.blob(self._key(key))
+        try:
+            # Plain writes are idempotent (same key, same bytes), so retries are allowed.
+            blob.upload_from_string(
+                body, content_type=_CONTENT_TYPE, timeout=self.timeout, retry=self._retry
+            )
+        except _FAILURES as err:
+            raise BucketError(f"PUT {key} failed: {err}") from err
+        return _token(key, blob.generation)
+
+    def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        if len(body) > MAX_CAS_BODY:
+            raise ValueError(f"conditional body of {len(body)} bytes exceeds {MAX_CAS_BODY}")
+        if isinstance(guard, Absent):
+            generation = 0
+        else:
+            try:
+                generation = int(guard.token)
+            except ValueError:
+                # Not a generation (e.g. an S3 ETag): it cannot match any GCS object.
+                return Rejected("token is not a generation")
+            if generation <= 0:
+                return Rejected("token is not a generation")
+        blob = self._bucket.blob(self._key(key), chunk_size=None)
+        try:
+            blob.upload_from_string(
+                body,
+                content_type=_CONTENT_TYPE,
+                if_generation_match=generation,
+                timeout=self.timeout,
+                retry=None,
+            )
+        except gexc.GoogleAPICallError as err:
+            status = _status(err)
+            if status == 412:
+                return Rejected("412")
+            if status == 404 and not isinstance(guard, Absent):
+                return Rejected("missing")
+            if status >= 500 or status in (0, 408):
+                raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status}: {err}") from err
+            raise BucketError(f"conditional PUT {key} failed: HTTP {status}: {err}") from err
+        except _TRANSPORT_ERRORS as err:
+            raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
+        except gexc.GoogleAPIError as err:
+            raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
+        return Applied(_token(key, blob.generation))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        try:
+            blobs = self._client.list_blobs(
+                self.bucket,
+                prefix=self._key(prefix),
+                timeout=self.timeout,
+                retry=self._retry,
+            )
+            for blob in blobs:
+                name = str(blob.name)
+                yield ObjectInfo(
+                    key=strip_prefix(self.prefix, name),
+                    token=_token(name, blob.generation),
+                    size=int(blob.size or 0),
+                    last_modified_ms=_ms(blob.updated),
+                )
+        except _FAILURES as err:
+            raise BucketError(f"LIST {prefix} failed: {err}") from err
+
+    def delete(self, key: str) -> None:
+        try:
+            self._bucket.delete_blob(self._key(key), timeout=self.timeout)
+        except gexc.NotFound:
+            return
+        except _FAILURES as err:
+            raise BucketError(f"DELETE {key} failed: {err}") from err
+
+    def ensure_exists(self) -> None:
+        """Create the bucket if it is missing (embedded stores and tests)."""
+        try:
+            if self._client.lookup_bucket(self.bucket, timeout=self.timeout) is not None:
+                return
+            self._client.create_bucket(self.bucket, timeout=self.timeout)
+        except gexc.Conflict:
+            return  # created concurrently
+        except _FAILURES as err:
+            raise BucketError(f"cannot create bucket {self.bucket}: {err}") from err
