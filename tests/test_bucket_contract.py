@@ -400,3 +400,18 @@ def test_unreachable_store_makes_conditional_write_ambiguous(
     bucket = _stub_bucket(kind, endpoint, monkeypatch)
     with pytest.raises(AmbiguousWrite):
         bucket.put_cas("own.json", b"{}", Absent())
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_404_on_match_is_rejected_but_on_create_is_a_failure(
+    kind: str, stub: _Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Some stores answer a precondition on a missing key with 404 instead of 412.
+    stub.status = 404
+    bucket = _stub_bucket(kind, stub.endpoint, monkeypatch)
+    assert isinstance(bucket.put_cas("own.json", b"{}", Match("1234")), Rejected)
+    assert len(stub.requests) == 1
+    # A 404 to a create means the bucket itself is missing: a definite error.
+    with pytest.raises(BucketError) as info:
+        bucket.put_cas("own.json", b"{}", Absent())
+    assert not isinstance(info.value, AmbiguousWrite)
