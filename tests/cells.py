@@ -1,0 +1,44 @@
+"""Cell classes shared by the runtime tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cellactors import CellActor
+
+
+class Counter(CellActor):
+    def on_activate(self) -> None:
+        self.db["counts"].create({"name": str, "n": int}, pk="name", if_not_exists=True)
+
+    def increment(self, name: str, by: int = 1) -> int:
+        self.db.execute(
+            "INSERT INTO counts (name, n) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET n = n + excluded.n",
+            [name, by],
+        )
+        return int(self.db.execute("SELECT n FROM counts WHERE name = ?", [name]).fetchone()[0])
+
+    def get(self, name: str) -> int:
+        row = self.db.execute("SELECT n FROM counts WHERE name = ?", [name]).fetchone()
+        return int(row[0]) if row else 0
+
+    def fail_after_write(self, name: str) -> None:
+        self.increment(name)
+        raise ValueError("boom")
+
+    def bad_result(self, name: str) -> Any:
+        self.increment(name)
+        return object()
+
+
+class Sandbox(CellActor):
+    """Runs arbitrary SQL: the restore-equality workloads."""
+
+    def run(self, statements: list[str]) -> int:
+        for sql in statements:
+            self.db.execute(sql)
+        return len(statements)
+
+    def make_vtable(self) -> None:
+        self.db.execute("CREATE VIRTUAL TABLE f USING fts5(body)")

@@ -1,0 +1,285 @@
+"""The cell runtime against a real SeaweedFS: operation counts, fencing, leases,
+passivation, snapshots and the user API."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+
+import pytest
+
+from cellactors.errors import BadRequest, MethodFailed, NotDurable, RemoteOwner, UnknownCell
+from cellactors.persistence import keys
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.restore import read_seal
+from cellactors.persistence.s3 import S3Bucket
+from cellactors.actors.replicator import SnapshotPolicy
+from tests.cells import Counter
+from tests.runtime_helpers import cell_dump, eventually, make_node, owner_epoch
+
+CELL = "Counter:a"
+
+
+def delta(node, before: Tally) -> Tally:  # type: ignore[no-untyped-def]
+    after = node.bucket.snapshot()
+    after.subtract(before)
+    return Tally({k: v for k, v in after.items() if v and k[1] != "lease"})
+
+
+def test_read_on_active_cell_makes_no_request(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        before = node.bucket.snapshot()
+        assert cell.get("x") == 1
+        assert delta(node, before) == Tally()
+    finally:
+        node.stop()
+
+
+def test_lone_write_is_one_put_and_one_owner_get(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        before = node.bucket.snapshot()
+        assert cell.increment("x") == 2
+        assert delta(node, before) == Tally({("put", "batch"): 1, ("get", "own"): 1})
+    finally:
+        node.stop()
+
+
+def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("warm")
+        barrier = threading.Barrier(64)
+        results: list[int] = []
+
+        def writer() -> None:
+            barrier.wait()
+            results.append(cell.increment("x"))
+
+        before = node.bucket.snapshot()
+        threads = [threading.Thread(target=writer) for _ in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ops = delta(node, before)
+        assert sorted(results) == list(range(1, 65))
+        assert ops[("put", "batch")] <= 8
+        assert ops[("get", "own")] == ops[("put", "batch")]
+    finally:
+        node.stop()
+
+
+def test_idle_node_makes_only_lease_renewals(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1", ttl=0.9)
+    try:
+        node.cell(Counter, "a").increment("x")
+        before = node.bucket.snapshot()
+        time.sleep(1.5)  # measuring an idle interval, not synchronising
+        after = node.bucket.snapshot()
+        after.subtract(before)
+        ops = {k: v for k, v in after.items() if v}
+        assert set(ops) == {("put_cas", "lease")}
+        # one renewal every TTL/3 = 0.3 s: 5 in 1.5 s, give or take one at each edge
+        assert 4 <= ops[("put_cas", "lease")] <= 6
+    finally:
+        node.stop()
+
+
+def test_method_error_rolls_back_and_reports(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        with pytest.raises(MethodFailed) as info:
+            cell.fail_after_write("x")
+        assert info.value.exc_type == "ValueError"
+        with pytest.raises(BadRequest):
+            cell.bad_result("x")
+        with pytest.raises(UnknownCell):
+            cell.no_such_method()
+        with pytest.raises(UnknownCell):
+            node.call("Nope", "a", "get", {"name": "x"})
+        assert cell.get("x") == 0
+    finally:
+        node.stop()
+
+
+def test_virtual_tables_are_refused_at_first_write(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        with pytest.raises(MethodFailed, match="virtual tables are not replicated"):
+            node.call("Sandbox", "s", "make_vtable", {})
+    finally:
+        node.stop()
+
+
+def test_live_owner_is_never_stolen_from(sw_bucket: S3Bucket) -> None:
+    a = make_node(sw_bucket, "na")
+    b = make_node(sw_bucket, "nb")
+    try:
+        a.cell(Counter, "a").increment("x")
+        with pytest.raises(RemoteOwner) as info:
+            b.cell(Counter, "a").get("x")
+        assert info.value.node == "na"
+        assert owner_epoch(a, CELL) == ("na", 1)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_fenced_owner_never_acknowledges_and_its_late_batches_stay_out(sw_bucket: S3Bucket) -> None:
+    a = make_node(sw_bucket, "na", ttl=1.0)
+    b = make_node(sw_bucket, "nb", ttl=1.0)
+    c = make_node(sw_bucket, "nc", ttl=1.0)
+    try:
+        ca = a.cell(Counter, "a")
+        acked = [ca.increment("x") for _ in range(5)]
+        assert acked == [1, 2, 3, 4, 5]
+        a.lease.proxy().pause().get()  # A is "paused": it stops renewing and watching
+        # B takes over once A's lease has expired by B's clock.
+        assert eventually(lambda: b.cell(Counter, "a").get("x")) == 5
+        assert owner_epoch(b, CELL) == ("nb", 2)
+        # A still believes it owns the cell: its write commits locally, uploads into e1,
+        # but the re-read shows B, so it is never acknowledged.
+        with pytest.raises(NotDurable, match="ownership lost"):
+            ca.increment("x")
+        late = [i.key for i in sw_bucket.list(keys.epoch_dir(CELL, 1))]
+        assert any(k.endswith("0000000000000007.batch") for k in late)  # txid 1 is on_activate
+        assert read_seal(sw_bucket, CELL, 1) == 6
+        assert b.cell(Counter, "a").increment("x") == 6
+        b.drain()
+        # C restores at epoch 3: A's late txid 7 of epoch 1 is excluded by the seal.
+        assert c.cell(Counter, "a").get("x") == 6
+        assert owner_epoch(c, CELL) == ("nc", 3)
+    finally:
+        for n in (a, b, c):
+            n.stop()
+
+
+def test_losing_the_store_self_fences_within_ttl(sw_bucket: S3Bucket) -> None:
+    cut = CuttableBucket(sw_bucket)
+    fenced = threading.Event()
+    node = make_node(cut, "n1", ttl=1.0)
+    node._on_fence = lambda reason: fenced.set()
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        started = time.monotonic()
+        cut.cut = True
+        assert fenced.wait(1.5)
+        assert time.monotonic() - started < 1.0
+        assert node.status == "fenced"
+        assert "deadline" in (node.fence_reason or "")
+    finally:
+        node.stop()
+
+
+def test_identity_conflict_waits_for_expiry(sw_bucket: S3Bucket) -> None:
+    first = make_node(sw_bucket, "same", ttl=1.0)
+    from cellactors import Node, NodeSettings
+
+    second = Node(sw_bucket, "same", [Counter], NodeSettings(lease_ttl=1.0, advertise="x:1"))
+    started = threading.Event()
+
+    def run() -> None:
+        second.start()
+        started.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert not started.wait(1.2)  # first is live and renewing: second waits
+    first.drain()  # expires the lease
+    assert started.wait(5)
+    snap = second.leases.read_lease("same")
+    assert snap is not None and snap.lease.generation == second.generation
+    second.stop()
+    first.stop()
+
+
+def test_passivation_reuses_provably_current_local_copy(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1", idle_timeout=0.3)
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        eventually(lambda: owner_epoch(node, CELL) == ("", 1), timeout=5)
+        eventually(lambda: CELL in node._local, timeout=5)
+        assert cell.increment("x") == 2
+        assert node.state()["cells"][0]["restored_from"] == "local"
+        assert owner_epoch(node, CELL) == ("n1", 2)
+        assert read_seal(sw_bucket, CELL, 1) == 2  # txid 1 created the table
+    finally:
+        node.stop()
+
+
+def test_snapshots_bound_restore_and_gc_only_covered_epochs(sw_bucket: S3Bucket) -> None:
+    a = make_node(sw_bucket, "na", snapshots=SnapshotPolicy(every_txids=5))
+    try:
+        ca = a.cell(Counter, "a")
+        for _ in range(12):
+            ca.increment("x")
+        a.drain()
+        b = make_node(sw_bucket, "nb", snapshots=SnapshotPolicy(every_txids=5))
+        cb = b.cell(Counter, "a")
+        for _ in range(12):
+            cb.increment("x")
+        listing = [i.key for i in sw_bucket.list(keys.cell_root(CELL))]
+        snaps = [k for k in listing if "/snap/" in k]
+        assert len(snaps) == 1  # older snapshots collected
+        assert not any("/e1/" in k for k in listing)  # epoch 1 wholly covered: collected
+        assert keys.seal_key(CELL, 1) not in listing
+        assert any("/e2/" in k for k in listing)  # the current epoch is never collected
+        before = cell_dump(b, CELL)
+        b.drain()
+        c = make_node(sw_bucket, "nc")
+        assert c.cell(Counter, "a").get("x") == 24
+        assert cell_dump(c, CELL) == before
+        c.stop()
+        b.stop()
+    finally:
+        a.stop()
+
+
+class CuttableBucket(Bucket):
+    """Delegates to a real bucket until ``cut``; then every request fails like a partition."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.cut = False
+
+    def _check(self) -> None:
+        if self.cut:
+            from cellactors.errors import BucketError
+
+            raise BucketError("partitioned from the store (test)")
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.get(key)
+
+    def head(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.head(key)
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.put(key, body)
+
+    def put_cas(self, key, body, guard):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.put_cas(key, body, guard)
+
+    def list(self, prefix):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.list(prefix)
+
+    def delete(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.delete(key)
