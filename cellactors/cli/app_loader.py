@@ -1,0 +1,104 @@
+"""Load the user's application for ``cellactors serve --app``: a module or a ``.py`` file.
+
+The cell classes served are the :class:`~cellactors.CellActor` subclasses the module
+*defines* (imported ones are skipped, so ``from other import Counter`` does not serve
+``Counter`` twice), addressed by class name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from cellactors.actors.cell import CellActor
+from cellactors.errors import ConfigError
+from cellactors.persistence import keys
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import a source file as a module named after it (its directory goes on sys.path so
+    sibling imports work)."""
+    if not path.is_file():
+        raise ConfigError(f"--app {path}: no such file")
+    name = path.stem
+    if not name.isidentifier():
+        raise ConfigError(f"--app {path}: the file name must be a valid Python module name")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"--app {path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_module(spec: str) -> ModuleType:
+    """Import ``spec`` (``pkg.mod`` or ``path/to/file.py``); ConfigError on any failure."""
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("--app is empty; give a module (pkg.mod) or a file (app.py)")
+    try:
+        if _looks_like_path(spec):
+            return _import_file(Path(spec))
+        if "." not in sys.path and "" not in sys.path:
+            sys.path.insert(0, "")  # like `python -m`: the working directory is importable
+        return importlib.import_module(spec)
+    except ConfigError:
+        raise
+    except SystemExit as err:
+        raise ConfigError(f"--app {spec}: importing it called sys.exit({err.code!r})") from err
+    except Exception as err:
+        raise ConfigError(f"--app {spec}: import failed: {type(err).__name__}: {err}") from err
+
+
+def cell_classes(module: ModuleType) -> list[type[CellActor]]:
+    """The CellActor subclasses defined in ``module``, sorted by name."""
+    found = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, CellActor)
+        and obj is not CellActor
+        and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+    ]
+    return sorted(found, key=lambda c: c.__name__)
+
+
+def load_app(spec: str) -> list[type[CellActor]]:
+    """Import the app and return its cell classes; ConfigError when there are none, when
+    two share a name, or when a class has no public method."""
+    module = load_module(spec)
+    classes = cell_classes(module)
+    if not classes:
+        raise ConfigError(
+            f"--app {spec}: defines no CellActor subclass; "
+            "write `class Counter(CellActor): ...` in it"
+        )
+    names: dict[str, type[CellActor]] = {}
+    for cls in classes:
+        if cls.__name__ in names:
+            raise ConfigError(f"--app {spec}: two cell classes are named {cls.__name__}")
+        names[cls.__name__] = cls
+        try:
+            keys.make_cell_id(cls.__name__, "x")
+        except ConfigError as err:
+            raise ConfigError(f"--app {spec}: {cls.__name__} cannot name cells: {err}") from err
+        if not cls.exposed_methods():
+            raise ConfigError(f"--app {spec}: cell class {cls.__name__} has no public method")
+    return classes

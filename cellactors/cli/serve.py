@@ -1,0 +1,460 @@
+"""``cellactors serve``: run one node of a fleet.
+
+Start-up order: check the flags, import the app, open the bucket (or start the embedded
+single-machine store), run the four-step conditional-write probe (refuse a store that fails
+it), fetch or create the fleet's peer key, take the node lease, then serve the public and
+internal listeners until SIGTERM (drain, exit 0) or a self-fence (``SELF-FENCE:`` line,
+exit 3). Every flag can also be set as ``CELLACTORS_<FLAG>``.
+
+Exit codes: 0 stopped cleanly, 1 unexpected failure, 2 bad configuration or an unusable
+store, 3 self-fenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from cellactors.errors import CellactorsError, ConfigError
+from cellactors.persistence.bucket import Bucket
+
+log = logging.getLogger("cellactors.serve")
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_FENCED = 3
+DEFAULT_LISTEN = "127.0.0.1:8080"
+DEFAULT_INTERNAL = "127.0.0.1:8081"
+DEFAULT_DATA_DIR = "./cellactors-data"
+EMBEDDED_BUCKET = "cellactors"
+EMBEDDED_ACCESS_KEY = "cellactors"
+EMBEDDED_SECRET_KEY = "cellactors-embedded-store"
+ENV_PREFIX = "CELLACTORS_"
+
+
+class StartupError(Exception):
+    """A refusal to start: printed as ``error: ...`` and exit status 2."""
+
+
+class _Interrupted(Exception):
+    """SIGTERM/SIGINT arrived before the node was serving."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """A ``HOST:PORT`` pair as given on the command line."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def is_wildcard(self) -> bool:
+        return self.host in ("", "0.0.0.0", "::", "[::]")
+
+
+def parse_address(text: str, flag: str) -> Address:
+    """Parse ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); StartupError naming ``flag``."""
+    raw = text.strip()
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})", raw) or re.fullmatch(
+        r"([A-Za-z0-9.\-_]*):(\d{1,5})", raw
+    )
+    if not match:
+        raise StartupError(f"{flag} {text!r}: expected HOST:PORT (e.g. 127.0.0.1:8080)")
+    host, port = match.group(1), int(match.group(2))
+    if not host:
+        raise StartupError(f"{flag} {text!r}: give a host (0.0.0.0 for every interface)")
+    if port > 65535:
+        raise StartupError(f"{flag} {text!r}: port out of range")
+    return Address(host, port)
+
+
+def default_node_id() -> str:
+    """The host name, reduced to the characters node ids allow."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:128].strip(".")
+    return name or "node"
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Where to listen and what to advertise to peers."""
+
+    public: Address
+    internal: Address
+    advertise: Address
+
+
+def plan_listeners(listen: str, internal_listen: str | None, advertise: str | None) -> Listeners:
+    """Check the listener flags against the rules of PROTOCOL.md ("Routing")."""
+    public = parse_address(listen, "--listen")
+    if internal_listen is None and not public.is_loopback:
+        raise StartupError(
+            f"--listen {public} is not a loopback address: give --internal-listen explicitly "
+            "(a private address peers can reach, never a public one); the internal listener "
+            "takes signed calls from peers and serves /state and /metrics"
+        )
+    internal = parse_address(internal_listen or DEFAULT_INTERNAL, "--internal-listen")
+    if internal.port != 0 and internal == public:
+        raise StartupError(f"--listen and --internal-listen are both {public}")
+    if advertise is None:
+        if internal.is_wildcard:
+            raise StartupError(
+                f"--internal-listen {internal} listens on every interface: give --advertise "
+                "HOST:PORT, the address peers use to reach this node"
+            )
+        adv = internal
+    else:
+        adv = parse_address(advertise, "--advertise")
+        if adv.is_wildcard:
+            raise StartupError(
+                f"--advertise {adv}: 0.0.0.0 is a listen address, not one peers can reach; "
+                "advertise this node's private IP or host name"
+            )
+    if adv.port == 0:
+        raise StartupError("the advertised internal address needs a real port, not 0")
+    return Listeners(public, internal, adv)
+
+
+def _fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@contextlib.contextmanager
+def _startup_signals() -> Iterator[None]:
+    """Until serving starts, SIGTERM/SIGINT abort the start-up cleanly (finally blocks run)."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _envvar(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
+    """A click option whose environment variable is ``CELLACTORS_<FLAG>``."""
+    kwargs.setdefault("envvar", _envvar(flag.lstrip("-")))
+    kwargs.setdefault("show_envvar", True)
+    return click.option(flag, *names, **kwargs)
+
+
+@click.command("serve")
+@_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
+@_option(
+    "--bucket",
+    "bucket_spec",
+    default=None,
+    metavar="SPEC",
+    help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
+    "single-machine store runs under --data-dir (not a fleet).",
+)
+@_option("--endpoint", default=None, metavar="URL", help="S3 endpoint (s3:// only).")
+@_option("--region", default=None, help="S3 region (ignored for gs://).")
+@_option(
+    "--access-key-id",
+    default=None,
+    envvar="CELLACTORS_S3_ACCESS_KEY_ID",
+    help="S3 static access key id (s3:// only).",
+)
+@_option(
+    "--secret-access-key",
+    default=None,
+    envvar="CELLACTORS_S3_SECRET_ACCESS_KEY",
+    help="S3 static secret key (s3:// only).",
+)
+@_option("--node", "node_id", default=None, help="Node id, stable across restarts [host name].")
+@_option("--listen", default=DEFAULT_LISTEN, show_default=True, help="Public HOST:PORT.")
+@_option(
+    "--internal-listen",
+    default=None,
+    help=f"Internal (peer/operator) HOST:PORT [{DEFAULT_INTERNAL}]; required when --listen "
+    "is not loopback.",
+)
+@_option(
+    "--advertise",
+    default=None,
+    help="Internal HOST:PORT peers use to reach this node [the internal listen address].",
+)
+@_option(
+    "--data-dir",
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Local cell databases (and the embedded store).",
+)
+@_option(
+    "--lease-ttl",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.5),
+    help="Node lease TTL in seconds; a dead node's cells move after this long.",
+)
+@_option(
+    "--max-resident-cells",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Active cells this node hosts before placing new ones on peers.",
+)
+@_option(
+    "--idle-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds without a call before a cell is passivated.",
+)
+@_option(
+    "--max-body-bytes",
+    default=1 << 20,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest accepted request body.",
+)
+@_option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+def serve(
+    app: str,
+    bucket_spec: str | None,
+    endpoint: str | None,
+    region: str | None,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+    node_id: str | None,
+    listen: str,
+    internal_listen: str | None,
+    advertise: str | None,
+    data_dir: Path,
+    lease_ttl: float,
+    max_resident_cells: int,
+    idle_timeout: float,
+    max_body_bytes: int,
+    log_level: str,
+) -> None:
+    """Serve the cells of APP as one node: exit 0 after SIGTERM, 3 on self-fence, 2 when
+    the configuration or the store is unusable."""
+    from cellactors.actors.node import NodeSettings
+    from cellactors.cli.app_loader import load_app
+    from cellactors.persistence import keys
+
+    _setup_logging(log_level)
+    try:
+        listeners = plan_listeners(listen, internal_listen, advertise)
+        node = keys.validate_node_id(node_id or default_node_id())
+        classes = load_app(app)
+    except (StartupError, ConfigError) as err:
+        _fail(str(err))
+    log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
+    settings = NodeSettings(
+        lease_ttl=lease_ttl,
+        idle_timeout=idle_timeout,
+        max_resident_cells=max_resident_cells,
+        advertise=str(listeners.advertise),
+        data_dir=data_dir,
+    )
+    store = _StoreOptions(bucket_spec, endpoint, region, access_key_id, secret_access_key)
+    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir)
+    sys.exit(code)
+
+
+@dataclass(frozen=True)
+class _StoreOptions:
+    spec: str | None
+    endpoint: str | None
+    region: str | None
+    access_key: str | None
+    secret_key: str | None
+
+
+def _run(
+    store: _StoreOptions,
+    node_id: str,
+    classes: list[Any],
+    settings: Any,
+    listeners: Listeners,
+    max_body_bytes: int,
+    data_dir: Path,
+) -> int:
+    """Open the store, qualify it, take the lease and serve; the exit code."""
+    from cellactors.actors.node import Node
+    from cellactors.persistence.embedded import SeaweedServer
+    from cellactors.persistence.peer_auth import ensure_peer_key
+    from cellactors.server.app import ServerSettings
+    from cellactors.server.runner import FenceLatch, serve_node
+
+    embedded: SeaweedServer | None = None
+    bucket: Bucket | None = None
+    node: Node | None = None
+    code = EXIT_OK
+    try:
+        with _startup_signals():
+            if store.spec is None:
+                embedded, bucket = _start_embedded(store, data_dir)
+            else:
+                bucket = _open_bucket(store)
+            _probe(bucket)
+            key = ensure_peer_key(bucket)
+            latch = FenceLatch()
+            node = Node(bucket, node_id, classes, settings, on_fence=latch.trip)
+            log.info(
+                "node %s taking its lease in %s (advertising %s, TTL %gs)",
+                node_id,
+                bucket.spec,
+                listeners.advertise,
+                settings.lease_ttl,
+            )
+            node.start()
+        server_settings = ServerSettings(
+            max_body_bytes=max_body_bytes, call_timeout=settings.call_timeout
+        )
+        public, internal = listeners.public, listeners.internal
+        code = serve_node(
+            node,
+            key,
+            public=(public.host, public.port),
+            internal=(internal.host, internal.port),
+            settings=server_settings,
+            fence=latch,
+        )
+    except StartupError as err:
+        click.echo(f"error: {err}", err=True)
+        code = EXIT_CONFIG
+    except ConfigError as err:
+        click.echo(f"error: {err}", err=True)
+        code = EXIT_CONFIG
+    except _Interrupted as err:
+        log.warning("%s before the node was serving; stopping", err)
+        code = EXIT_OK
+    except CellactorsError as err:
+        click.echo(f"error: the store is unusable: {err}", err=True)
+        code = EXIT_CONFIG
+    finally:
+        if node is not None:
+            try:
+                node.stop()
+            except Exception:
+                log.exception("stopping node %s failed", node_id)
+        if bucket is not None:
+            with contextlib.suppress(Exception):
+                bucket.close()
+        if embedded is not None:
+            log.info("stopping the embedded store")
+            embedded.stop()
+    if code == EXIT_FENCED:
+        log.error("node %s exits after a self-fence", node_id)
+    return code
+
+
+def _open_bucket(store: _StoreOptions) -> Bucket:
+    from cellactors.persistence.factory import StoreOptions, open_bucket
+
+    assert store.spec is not None
+    options = StoreOptions(
+        endpoint=store.endpoint,
+        region=store.region,
+        access_key=store.access_key,
+        secret_key=store.secret_key,
+    )
+    try:
+        return open_bucket(store.spec, options)
+    except ConfigError:
+        raise
+    except Exception as err:  # a missing dialect dependency, unusable credentials
+        raise StartupError(f"cannot open {store.spec}: {type(err).__name__}: {err}") from err
+
+
+def _start_embedded(store: _StoreOptions, data_dir: Path) -> tuple[Any, Bucket]:
+    """Start SeaweedFS under ``data_dir/store`` and create the ``cellactors`` bucket."""
+    from cellactors.persistence.embedded import SeaweedServer
+    from cellactors.persistence.s3 import S3Bucket
+
+    if store.endpoint:
+        raise StartupError("--endpoint needs --bucket (without --bucket the store is embedded)")
+    # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
+    # environment: make them, and the keys this process signs with, the same pair.
+    access = store.access_key or os.environ.get("AWS_ACCESS_KEY_ID") or EMBEDDED_ACCESS_KEY
+    secret = store.secret_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or EMBEDDED_SECRET_KEY
+    os.environ["AWS_ACCESS_KEY_ID"] = access
+    os.environ["AWS_SECRET_ACCESS_KEY"] = secret
+    log.warning(
+        "no --bucket given: starting an embedded SeaweedFS store under %s. This is a "
+        "single-machine default for trying cellactors out, NOT a fleet: other machines cannot "
+        "share it and its durability is this one disk. Give --bucket s3://... or gs://... "
+        "to run a fleet.",
+        data_dir / "store",
+    )
+    server = SeaweedServer(data_dir / "store").start()
+    try:
+        bucket = S3Bucket(
+            EMBEDDED_BUCKET,
+            endpoint=server.endpoint,
+            region=store.region,
+            access_key=access,
+            secret_key=secret,
+        )
+        bucket.ensure_exists()
+    except BaseException:
+        server.stop()
+        raise
+    log.info("embedded store serving s3://%s at %s", EMBEDDED_BUCKET, server.endpoint)
+    return server, bucket
+
+
+def _probe(bucket: Bucket) -> None:
+    """Run the sequential conditional-write contract under ``probe/``; refuse a store
+    that does not keep it."""
+    from cellactors.persistence.qualify import run_contract
+
+    report = run_contract(bucket)
+    if report.ok:
+        log.info("store probe on %s: %s", bucket.spec, report.summary())
+        return
+    log.error("store probe on %s failed: %s", bucket.spec, report.summary())
+    raise StartupError(
+        f"{bucket.spec} failed the conditional-write probe ({report.summary()}); "
+        "this store cannot fence a fleet. Run `cellactors qualify` for details."
+    )

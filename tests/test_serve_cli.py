@@ -1,0 +1,250 @@
+"""``cellactors serve`` as a real process: flag checks, the embedded default store, the
+start-up probe, and bad inputs over HTTP (which must write nothing to the bucket)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cellactors.persistence.embedded import SeaweedServer, free_port
+from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.spec import ACCEPTED_FORMS
+from tests.conftest import make_s3_bucket
+from tests.fakes.s3_fake import running_fake
+from tests.fleet_harness import COUNTER_APP, NodeProc, cell_keys, write_app
+
+CLI = [sys.executable, "-m", "cellactors.cli", "serve"]
+
+
+def run_serve(
+    args: list[str], cwd: Path, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cellactors serve`` expecting it to exit by itself (a refusal)."""
+    return subprocess.run(
+        [*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[NodeProc]]:
+    """Node processes started by a test; killed at teardown whatever happened."""
+    started: list[NodeProc] = []
+    yield started
+    for node in started:
+        node.kill()
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def test_public_listener_off_loopback_needs_internal_listen(tmp_path: Path) -> None:
+    res = run_serve(["--app", str(COUNTER_APP), "--listen", f"0.0.0.0:{free_port()}"], tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "--internal-listen" in res.stderr
+    assert not (tmp_path / "cellactors-data").exists()  # refused before touching anything
+
+
+def test_advertise_wildcard_refused(tmp_path: Path) -> None:
+    res = run_serve(
+        ["--app", str(COUNTER_APP), "--internal-listen", f"0.0.0.0:{free_port()}"], tmp_path
+    )
+    assert res.returncode == 2
+    assert "--advertise" in res.stderr
+    res = run_serve(["--app", str(COUNTER_APP), "--advertise", "0.0.0.0:9000"], tmp_path)
+    assert res.returncode == 2
+    assert "0.0.0.0" in res.stderr
+
+
+def test_bad_listen_address(tmp_path: Path) -> None:
+    res = run_serve(["--app", str(COUNTER_APP), "--listen", "localhost"], tmp_path)
+    assert res.returncode == 2
+    assert "HOST:PORT" in res.stderr
+
+
+@pytest.mark.parametrize("spec", ["az://box/x", "file:///tmp/b", "mybucket"])
+def test_bad_bucket_spec_names_accepted_forms(tmp_path: Path, spec: str) -> None:
+    res = run_serve(["--app", str(COUNTER_APP), "--bucket", spec], tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert ACCEPTED_FORMS in res.stderr
+
+
+def test_bad_bucket_spec_from_environment(tmp_path: Path) -> None:
+    env_run = subprocess.run(
+        CLI,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            **os.environ,
+            "CELLACTORS_APP": str(COUNTER_APP),
+            "CELLACTORS_BUCKET": "az://nope",
+        },
+    )
+    assert env_run.returncode == 2
+    assert ACCEPTED_FORMS in env_run.stderr
+
+
+def test_gcs_bucket_with_s3_endpoint_refused(tmp_path: Path) -> None:
+    res = run_serve(
+        ["--app", str(COUNTER_APP), "--bucket", "gs://some-bucket", "--endpoint", "http://x:1"],
+        tmp_path,
+    )
+    assert res.returncode == 2
+    assert "GCS" in res.stderr
+
+
+def test_app_without_cells_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "nocells.py"
+    empty.write_text("X = 1\n")
+    res = run_serve(["--app", str(empty)], tmp_path)
+    assert res.returncode == 2
+    assert "no CellActor subclass" in res.stderr
+
+
+def test_app_that_fails_to_import_refused(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import not_a_module_anywhere_42\n")
+    res = run_serve(["--app", str(broken)], tmp_path)
+    assert res.returncode == 2
+    assert "import failed" in res.stderr and "not_a_module_anywhere_42" in res.stderr
+    res = run_serve(["--app", "no.such.module"], tmp_path)
+    assert res.returncode == 2
+    assert "no.such.module" in res.stderr
+    res = run_serve(["--app", str(tmp_path / "missing.py")], tmp_path)
+    assert res.returncode == 2
+    assert "no such file" in res.stderr
+
+
+def test_app_as_module_name(tmp_path: Path, sw_bucket: S3Bucket, seaweed: SeaweedServer) -> None:
+    """``--app pkg.mod`` imports from the working directory, like ``python -m``."""
+    pkg = tmp_path / "myapp"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cells.py").write_text(COUNTER_APP.read_text())
+    node = NodeProc(
+        "modnode", Path("myapp.cells"), tmp_path, f"s3://{sw_bucket.bucket}", seaweed.endpoint
+    )
+    node.start()
+    try:
+        node.ready()
+        resp = httpx.post(node.public_url + "/cells/Counter/m/increment", json={"name": "x"})
+        assert resp.json() == {"result": 1}
+        node.signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+    finally:
+        node.kill()
+
+
+# --------------------------------------------------------------------------- stores
+
+
+def test_embedded_default_store(tmp_path: Path, nodes: list[NodeProc]) -> None:
+    """No --bucket: an embedded SeaweedFS under ./cellactors-data, a loud warning, and a
+    working, durable counter across a restart."""
+    node = NodeProc("solo", COUNTER_APP, tmp_path)
+    node.extra = ["--data-dir", str(tmp_path / "cellactors-data")]
+    nodes.append(node)
+    node.start().ready(60)
+    url = node.public_url + "/cells/Counter/a/increment"
+    # what the README tells people to type: curl -X POST ... -d '{"name":"x"}'
+    assert httpx.post(url, content=b'{"name":"x"}').json() == {"result": 1}
+    assert httpx.post(url, content=b'{"name":"x"}').json() == {"result": 2}
+    assert httpx.post(url, json={"name": "y", "by": 5}).json() == {"result": 5}
+    node.signal(signal.SIGTERM)
+    assert node.wait(30) == 0
+    out = node.output()
+    assert "WARNING" in out and "NOT a fleet" in out
+    assert (tmp_path / "cellactors-data" / "store").is_dir()
+
+    node.start().ready(60)  # same data dir: the store and the counts survive
+    assert httpx.post(url, json={"name": "x"}).json() == {"result": 3}
+    node.signal(signal.SIGTERM)
+    assert node.wait(30) == 0
+
+
+def test_serve_refuses_store_that_fails_probe(tmp_path: Path) -> None:
+    with running_fake("ignore") as fake:
+        fake.create_bucket("lax")
+        res = run_serve(
+            [
+                "--app",
+                str(COUNTER_APP),
+                "--bucket",
+                "s3://lax",
+                "--endpoint",
+                fake.endpoint,
+                "--internal-listen",
+                f"127.0.0.1:{free_port()}",
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+            ],
+            tmp_path,
+        )
+        assert res.returncode == 2, res.stderr
+        assert "probe" in res.stderr and "not enforced" in res.stderr
+        # refused before taking a lease or creating the fleet key
+        assert not any(k.startswith(("nodes/", "fleet/")) for k in fake.objects("lax"))
+
+
+# --------------------------------------------------------------------------- HTTP inputs
+
+
+def test_bad_inputs_over_http_write_nothing(
+    tmp_path: Path, seaweed: SeaweedServer, nodes: list[NodeProc]
+) -> None:
+    bucket = make_s3_bucket(seaweed.endpoint)
+    node = NodeProc("web", write_app(tmp_path), tmp_path, f"s3://{bucket.bucket}", seaweed.endpoint)
+    node.extra = ["--max-body-bytes", "2048"]
+    nodes.append(node)
+    node.start().ready()
+    base = node.public_url + "/cells"
+
+    def cells() -> list[str]:
+        return sorted(o.key for o in bucket.list("cells/"))
+
+    before = cells()
+    with httpx.Client(timeout=10) as http:
+        r = http.post(f"{base}/Nope/a/get", json={})
+        assert r.status_code == 404 and r.json()["error"] == "unknown_cell"
+        r = http.post(f"{base}/Ledger/a/nope", json={})
+        assert r.status_code == 404
+        r = http.post(f"{base}/Ledger/a/_private", json={})
+        assert r.status_code == 404
+        r = http.post(f"{base}/Ledger/a/on_activate", json={})
+        assert r.status_code == 404
+        r = http.post(f"{base}/Ledger/a%20b/append", json={"entry": "x"})
+        assert r.status_code == 400 and r.json()["error"] == "bad_request"
+        r = http.post(f"{base}/Ledger/..%2F..%2Fnodes/append", json={"entry": "x"})
+        assert r.status_code in (400, 404)
+        r = http.post(f"{base}/Ledger/big/echo", json={"data": "x" * 5000})
+        assert r.status_code == 413
+        r = http.post(f"{base}/Ledger/a/append", content=b"{not json")
+        assert r.status_code == 400
+        r = http.post(f"{base}/Ledger/a/append", content=b"[1, 2]")
+        assert r.status_code == 400
+        r = http.get(f"{base}/Ledger/a/append")
+        assert r.status_code == 405
+    assert cells() == before, "a refused call wrote to the bucket"
+
+    # A method that raises: rolled back, 422, and no batch for it.
+    with httpx.Client(timeout=10) as http:
+        assert http.post(f"{base}/Ledger/f/append", json={"entry": "ok"}).status_code == 200
+        keys_before = cell_keys(bucket, "Ledger:f")
+        r = http.post(f"{base}/Ledger/f/fail", json={"message": "nope"})
+        assert r.status_code == 422
+        body = r.json()
+        assert body["error"] == "method_failed" and body["type"] == "ValueError"
+        assert cell_keys(bucket, "Ledger:f") == keys_before
+        r = http.post(f"{base}/Ledger/f/entries", json={})
+        assert r.json() == {"result": ["ok"]}
+    node.signal(signal.SIGTERM)
+    assert node.wait(30) == 0
