@@ -367,6 +367,10 @@ class Node:
             hosts = list(self._hosts.values())
             self._hosts.clear()
         log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
+        try:
+            self.lease.proxy().pause()  # a fenced node writes nothing more, not even its lease
+        except pykka.ActorDeadError:
+            pass
         error = NodeUnavailable(f"node {self.node_id} fenced itself: {reason}")
         for host in hosts:
             if host.active is not None:
