@@ -104,11 +104,7 @@ def install(conn: sqlite3.Connection) -> dict[str, TableShape]:
         f"CREATE TABLE IF NOT EXISTS {CHANGES_TABLE} "
         f"(seq INTEGER PRIMARY KEY, tbl TEXT NOT NULL, {', '.join(_KEY_COLS)})"
     )
-    for (trig,) in conn.execute(
-        "SELECT name FROM temp.sqlite_master WHERE type = 'trigger' AND name LIKE ?",
-        (TRIGGER_PREFIX + "%",),
-    ).fetchall():
-        conn.execute(f"DROP TRIGGER temp.{quote(trig)}")
+    uninstall(conn)
     shapes: dict[str, TableShape] = {}
     for index, (name, sql) in enumerate(user_tables(conn)):
         shape = table_shape(conn, name, sql)
@@ -125,6 +121,15 @@ def install(conn: sqlite3.Connection) -> dict[str, TableShape]:
                 f"AFTER {event} ON main.{quote(name)} BEGIN {inserts} END"
             )
     return shapes
+
+
+def uninstall(conn: sqlite3.Connection) -> None:
+    """Drop the capture triggers (before the main schema is replaced wholesale)."""
+    for (trig,) in conn.execute(
+        "SELECT name FROM temp.sqlite_master WHERE type = 'trigger' AND name LIKE ?",
+        (TRIGGER_PREFIX + "%",),
+    ).fetchall():
+        conn.execute(f"DROP TRIGGER IF EXISTS temp.{quote(trig)}")
 
 
 def _sql_literal(text: str) -> str:

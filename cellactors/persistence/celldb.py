@@ -133,6 +133,7 @@ class CellDatabase:
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(image)
+            capture.uninstall(self.conn)  # no temp trigger may outlive the tables it watches
             src = sqlite3.connect(tmp)
             try:
                 src.backup(self.conn)
