@@ -28,7 +28,7 @@ def eventually(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.0
             value = fn()
             if value is not False:
                 return value
-        except Exception as err:  # noqa: BLE001 - retried until the deadline
+        except Exception as err:
             last = err
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s; last error: {last!r}")

@@ -69,7 +69,9 @@ _ids = itertools.count()
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(workload=WORKLOAD)
-def test_takeover_restores_an_equal_database(sw_bucket: S3Bucket, workload: list[list[str]]) -> None:
+def test_takeover_restores_an_equal_database(
+    sw_bucket: S3Bucket, workload: list[list[str]]
+) -> None:
     n = next(_ids)
     cell = f"w{n}"
     a = make_node(sw_bucket, f"a{n}", ttl=0.5)

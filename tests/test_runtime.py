@@ -9,12 +9,12 @@ from collections import Counter as Tally
 
 import pytest
 
+from cellactors.actors.replicator import SnapshotPolicy
 from cellactors.errors import BadRequest, MethodFailed, NotDurable, RemoteOwner, UnknownCell
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.restore import read_seal
 from cellactors.persistence.s3 import S3Bucket
-from cellactors.actors.replicator import SnapshotPolicy
 from tests.cells import Counter
 from tests.runtime_helpers import cell_dump, eventually, make_node, owner_epoch
 

@@ -117,7 +117,9 @@ class CellActor(pykka.ThreadingActor):
         rt.last_used = time.monotonic()
         outcome = Outcome(reply)
         try:
-            outcome.value, changes = rt.database.run(lambda: fn(*args, **kwargs), check_serializable)
+            outcome.value, changes = rt.database.run(
+                lambda: fn(*args, **kwargs), check_serializable
+            )
         except BadRequest as err:
             outcome.error = err
         except Exception as err:  # the user's method raised: rolled back, reported

@@ -21,7 +21,9 @@ class Outcome:
 
     __slots__ = ("error", "reply", "value")
 
-    def __init__(self, reply: pykka.Future[Any], value: Any = None, error: BaseException | None = None):
+    def __init__(
+        self, reply: pykka.Future[Any], value: Any = None, error: BaseException | None = None
+    ):
         self.reply = reply
         self.value = value
         self.error = error

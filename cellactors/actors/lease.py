@@ -97,7 +97,11 @@ class LeaseActor(pykka.ThreadingActor):
             result = self.store.cas_node_lease(guard, record)
         except AmbiguousWrite:
             back = self.store.read_lease(self.store.node)
-            if back is None or back.lease.generation != self.generation or back.lease.expires_ms != expires:
+            if (
+                back is None
+                or back.lease.generation != self.generation
+                or back.lease.expires_ms != expires
+            ):
                 return False
             result = Applied(back.token)
         if not isinstance(result, Applied):
@@ -155,7 +159,9 @@ class LeaseActor(pykka.ThreadingActor):
                     continue
                 mono = time.monotonic()
                 if lease_rules.should_fence(self.deadline, mono):
-                    self._fence(f"no lease renewal succeeded within the deadline (TTL {self.ttl:g}s)")
+                    self._fence(
+                        f"no lease renewal succeeded within the deadline (TTL {self.ttl:g}s)"
+                    )
                     return
                 if mono >= next_renew:
                     next_renew = mono + interval
@@ -164,7 +170,9 @@ class LeaseActor(pykka.ThreadingActor):
                     except pykka.ActorDeadError:
                         return
 
-        self._watchdog = threading.Thread(target=watch, name=f"lease-{self.store.node}", daemon=True)
+        self._watchdog = threading.Thread(
+            target=watch, name=f"lease-{self.store.node}", daemon=True
+        )
         self._watchdog.start()
 
     def on_stop(self) -> None:

@@ -52,7 +52,7 @@ class NodeMetrics:
             f"cellactors_acks_total{{{lbl}}} {self.acks.n}",
             "# TYPE cellactors_ack_latency_seconds histogram",
         ]
-        for bound, count in zip(_BUCKETS, self.acks.counts):
+        for bound, count in zip(_BUCKETS, self.acks.counts, strict=True):
             lines.append(f'cellactors_ack_latency_seconds_bucket{{{lbl},le="{bound}"}} {count}')
         lines += [
             f'cellactors_ack_latency_seconds_bucket{{{lbl},le="+Inf"}} {self.acks.n}',

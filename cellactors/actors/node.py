@@ -143,7 +143,12 @@ class Node:
     def start(self, give_up_after: float | None = None) -> Node:
         """Take the node lease (waiting while another live process holds the identity)."""
         expires = self.lease.proxy().take(give_up_after).get()
-        log.info("node %s (generation %s) holds its lease until %d", self.node_id, self.generation, expires)
+        log.info(
+            "node %s (generation %s) holds its lease until %d",
+            self.node_id,
+            self.generation,
+            expires,
+        )
         self.status = "serving"
         self._reaper.start()
         return self
@@ -205,7 +210,9 @@ class Node:
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
 
-    def _activate(self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float) -> Active:
+    def _activate(
+        self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float
+    ) -> Active:
         with self._lock:
             if self.status != "serving":
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
@@ -217,7 +224,9 @@ class Node:
                 host = CellHost(cell_id, cls)
                 self._hosts[cell_id] = host
                 threading.Thread(
-                    target=self._run_activation, args=(host, forwarded), daemon=True,
+                    target=self._run_activation,
+                    args=(host, forwarded),
+                    daemon=True,
                     name=f"activate-{cell_id}",
                 ).start()
         return host.wait(timeout)
@@ -244,9 +253,15 @@ class Node:
             outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
             if isinstance(outcome, acquire.Remote):
                 with self._lock:
-                    self._routes[cell_id] = (outcome.node, outcome.addr, time.monotonic() + self.settings.lease_ttl)
-                raise StaleRoute(f"{cell_id} is owned by {outcome.node}") if forwarded else RemoteOwner(
-                    outcome.node, outcome.addr
+                    self._routes[cell_id] = (
+                        outcome.node,
+                        outcome.addr,
+                        time.monotonic() + self.settings.lease_ttl,
+                    )
+                raise (
+                    StaleRoute(f"{cell_id} is owned by {outcome.node}")
+                    if forwarded
+                    else RemoteOwner(outcome.node, outcome.addr)
                 )
             with self._lock:
                 local = self._local.pop(cell_id, None)
@@ -255,7 +270,11 @@ class Node:
             if self.status != "serving":
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
         except BaseException as err:
-            host.error = err if isinstance(err, CallError) else ActivationFailed(f"activation of {cell_id} failed: {err}")
+            host.error = (
+                err
+                if isinstance(err, CallError)
+                else ActivationFailed(f"activation of {cell_id} failed: {err}")
+            )
             if not isinstance(err, CallError):
                 log.exception("activation of %s failed", cell_id)
             with self._lock:
@@ -293,6 +312,7 @@ class Node:
 
     def _reset(self, host: CellHost, error: BaseException) -> None:
         """The replicator could not prove a write: drop this activation and its local copy."""
+
         def run() -> None:
             with self._lock:
                 if self._hosts.get(host.cell_id) is host:
@@ -334,8 +354,10 @@ class Node:
     def _release(self, host: CellHost) -> LocalCopy | None:
         assert host.ownership is not None
         try:
-            local: LocalCopy | None = host.ownership.proxy().release(self.settings.op_deadline).get(
-                timeout=self.settings.op_deadline * 3
+            local: LocalCopy | None = (
+                host.ownership.proxy()
+                .release(self.settings.op_deadline)
+                .get(timeout=self.settings.op_deadline * 3)
             )
         except pykka.Timeout:
             local = None

@@ -20,7 +20,7 @@ from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, Open
 from cellactors.actors.replicator import Replicator, SnapshotPolicy
-from cellactors.core import acquire
+from cellactors.core import acquire as acq
 from cellactors.errors import ActivationFailed, AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence.bucket import Applied, Bucket
 from cellactors.persistence.celldb import CellDatabase
@@ -82,21 +82,22 @@ class OwnershipActor(pykka.ThreadingActor):
 
     # --- acquire ----------------------------------------------------------------------
 
-    def acquire(self, place: Callable[[], acquire.Remote | None]) -> acquire.Claim | acquire.Remote:
+    def acquire(self, place: Callable[[], acq.Remote | None]) -> acq.Claim | acq.Remote:
         """Run the acquire protocol; returns the applied claim or where the owner lives.
 
         ``place`` is asked before claiming an unowned cell: it may send it to a peer.
         """
         me = self.ownership.node
         ambiguous = 0
-        for _ in range(acquire.MAX_ATTEMPTS):
+        for _ in range(acq.MAX_ATTEMPTS):
             record = self.ownership.read_owner(self.cell_id)
-            decision = acquire.decide(me, record, now_ms())
-            if isinstance(decision, acquire.ReadLease):
+            decision = acq.decide(me, record, now_ms())
+            if isinstance(decision, acq.ReadLease):
                 snap = self.leases.read_lease(decision.node)
-                decision = acquire.decide(me, record, now_ms(), snap.lease if snap else None)
-            if isinstance(decision, acquire.Remote):
+                decision = acq.decide(me, record, now_ms(), snap.lease if snap else None)
+            if isinstance(decision, acq.Remote):
                 return decision
+            assert isinstance(decision, acq.Claim)
             if record is None or record.released or decision.takeover:
                 elsewhere = place()
                 if elsewhere is not None:
@@ -105,9 +106,9 @@ class OwnershipActor(pykka.ThreadingActor):
                 result = self.ownership.cas_owner(self.cell_id, decision.guard, decision.epoch)
             except AmbiguousWrite:
                 ambiguous += 1
-                if acquire.confirmed(me, decision, self.ownership.read_owner(self.cell_id)):
+                if acq.confirmed(me, decision, self.ownership.read_owner(self.cell_id)):
                     return decision
-                if ambiguous >= acquire.MAX_AMBIGUOUS:
+                if ambiguous >= acq.MAX_AMBIGUOUS:
                     break
                 continue
             if isinstance(result, Applied):
@@ -124,12 +125,16 @@ class OwnershipActor(pykka.ThreadingActor):
     # --- activation -------------------------------------------------------------------
 
     def activate(
-        self, claim: acquire.Claim, local: LocalCopy | None, previous_epoch: int | None
+        self, claim: acq.Claim, local: LocalCopy | None, previous_epoch: int | None
     ) -> Active:
         """Restore and open the cell at ``claim.epoch``."""
         epoch = claim.epoch
         source = "bucket"
-        if local is not None and previous_epoch == local.epoch == epoch - 1 and local.path == self.db_path:
+        if (
+            local is not None
+            and previous_epoch == local.epoch == epoch - 1
+            and local.path == self.db_path
+        ):
             # Nobody acquired since our clean release: the local file is current. Seal the
             # epoch we wrote so the invariant "every epoch below the current one is sealed"
             # holds exactly as after a bucket restore.

@@ -10,10 +10,11 @@ held responses and resets the cell (PROTOCOL.md, "Writes and the acknowledgement
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pykka
 
@@ -112,7 +113,7 @@ class Replicator(pykka.ThreadingActor):
         if cell is None:
             return
         until = time.monotonic() + self.linger_s
-        while cell.actor_inbox.qsize() > 0 and time.monotonic() < until:
+        while cast("queue.Queue[Any]", cell.actor_inbox).qsize() > 0 and time.monotonic() < until:
             self.channel.wait_progress(until - time.monotonic())
 
     def _upload(self, txns: list[Txn]) -> int:
@@ -146,12 +147,18 @@ class Replicator(pykka.ThreadingActor):
                 delay = min(delay * 2, 1.0)
 
     def _maybe_snapshot(self) -> None:
-        if self._pending_snapshot is None and self.cell_ref is not None and (
-            self._since_snapshot_txids >= self.policy.every_txids
-            or self._since_snapshot_bytes >= self.policy.every_bytes
+        if (
+            self._pending_snapshot is None
+            and self.cell_ref is not None
+            and (
+                self._since_snapshot_txids >= self.policy.every_txids
+                or self._since_snapshot_bytes >= self.policy.every_bytes
+            )
         ):
             try:
-                self._pending_snapshot = self.cell_ref.ask(TakeImage(), timeout=self.deadline_s)
+                self._pending_snapshot = cast(
+                    "tuple[int, bytes]", self.cell_ref.ask(TakeImage(), timeout=self.deadline_s)
+                )
             except (pykka.ActorDeadError, pykka.Timeout):
                 return
             self._since_snapshot_txids = self._since_snapshot_bytes = 0

@@ -50,7 +50,7 @@ def decide(
     me: str,
     record: OwnerRecord | None,
     now_ms: int,
-    lease: NodeLease | None | object = _UNREAD,
+    lease: NodeLease | object | None = _UNREAD,
 ) -> Decision:
     """Next step of an acquire, given the ownership record and (if read) the owner's lease."""
     if record is None:

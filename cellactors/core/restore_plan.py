@@ -86,9 +86,7 @@ def chain(refs: list[BatchRef], after: int, limit: int | None) -> tuple[list[Bat
     return reads, cur
 
 
-def plan_epoch(
-    listing: Listing, epoch: int, after: int, seal_max: int | None
-) -> EpochStep:
+def plan_epoch(listing: Listing, epoch: int, after: int, seal_max: int | None) -> EpochStep:
     """Plan one epoch: with a seal, read up to its ``max_txid``; without, follow the chain
     and seal at its end."""
     refs = listing.batches.get(epoch, [])

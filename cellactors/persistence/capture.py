@@ -109,7 +109,11 @@ def install(conn: sqlite3.Connection) -> dict[str, TableShape]:
     for index, (name, sql) in enumerate(user_tables(conn)):
         shape = table_shape(conn, name, sql)
         shapes[name] = shape
-        for event, images in (("INSERT", ("NEW",)), ("UPDATE", ("OLD", "NEW")), ("DELETE", ("OLD",))):
+        for event, images in (
+            ("INSERT", ("NEW",)),
+            ("UPDATE", ("OLD", "NEW")),
+            ("DELETE", ("OLD",)),
+        ):
             targets = ", ".join(_KEY_COLS[: len(shape.key_cols)])
             inserts = " ".join(
                 f"INSERT INTO {_CHANGES_IN_TRIGGER} (tbl, {targets}) VALUES "
@@ -147,7 +151,9 @@ def read_sequence(conn: sqlite3.Connection) -> list[list[Any]] | None:
     ).fetchone()
     if not exists:
         return None
-    return [list(r) for r in conn.execute("SELECT name, seq FROM main.sqlite_sequence ORDER BY name")]
+    return [
+        list(r) for r in conn.execute("SELECT name, seq FROM main.sqlite_sequence ORDER BY name")
+    ]
 
 
 def collect(
@@ -211,7 +217,7 @@ def apply_rows(
         conn.executemany("INSERT INTO main.sqlite_sequence (name, seq) VALUES (?, ?)", sequence)
 
 
-class without_user_triggers:  # noqa: N801 - used as a context manager
+class without_user_triggers:
     """Drop the user's triggers for a replay and recreate them after, so replayed rows do
     not fire side effects that are themselves already in the log."""
 

@@ -13,7 +13,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import sqlite_utils
 
@@ -43,7 +43,7 @@ class CellConnection(sqlite3.Connection):
     def __enter__(self) -> CellConnection:
         return self
 
-    def __exit__(self, *exc: object) -> bool:  # type: ignore[override]
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
 
@@ -61,7 +61,7 @@ class CellDatabase:
         self.db = sqlite_utils.Database(self.conn)
         # sqlite-utils probes upsert support by creating and dropping a table in the user's
         # database, which would look like a schema change; every supported SQLite has it.
-        self.db._supports_on_conflict = True  # type: ignore[attr-defined]
+        self.db._supports_on_conflict = True
         self._refusal: str | None = None
         self._after_change()
 
@@ -72,7 +72,7 @@ class CellDatabase:
         # The bucket is the durability root; the local file is a cache of it.
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = OFF")
-        return conn  # type: ignore[return-value]
+        return conn
 
     def _after_change(self) -> None:
         self.shapes = capture.install(self.conn)
@@ -198,7 +198,9 @@ def dump(db: sqlite_utils.Database) -> dict[str, Any]:
         shape_sql = conn.execute(
             "SELECT sql FROM main.sqlite_master WHERE name=?", (name,)
         ).fetchone()[0]
-        rowid = capture.table_shape(conn, name, shape_sql).rowid if name != "sqlite_sequence" else True
+        rowid = (
+            capture.table_shape(conn, name, shape_sql).rowid if name != "sqlite_sequence" else True
+        )
         cols = "rowid, *" if rowid else "*"
         rows = conn.execute(f"SELECT {cols} FROM main.{capture.quote(name)}").fetchall()
         tables[name] = sorted(rows, key=repr)

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgpack
 
-from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.core import restore_plan
+from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
 from cellactors.persistence.batches import decode_batch
 from cellactors.persistence.bucket import Absent, Applied, Bucket
@@ -63,7 +63,7 @@ def create_seal(bucket: Bucket, cell_id: str, epoch: int, max_txid: int, sealed_
                 continue  # it did not happen: try again
             if back.body == body:
                 return
-            raise SealLost(f"epoch {epoch} of {cell_id} was sealed by another activation")
+            raise SealLost(f"epoch {epoch} of {cell_id} was sealed by another activation") from None
         if isinstance(result, Applied):
             return
         raise SealLost(f"epoch {epoch} of {cell_id} was sealed by another activation")
