@@ -61,6 +61,7 @@ class Ledger(CellActor):
 
 def write_app(folder: Path) -> Path:
     """The fleet test app as a file under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "fleet_app.py"
     path.write_text(APP_SOURCE)
     return path
