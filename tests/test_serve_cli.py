@@ -248,3 +248,60 @@ def test_bad_inputs_over_http_write_nothing(
         assert r.json() == {"result": ["ok"]}
     node.signal(signal.SIGTERM)
     assert node.wait(30) == 0
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def test_load_app_from_file_never_shadows_a_module(tmp_path: Path) -> None:
+    import json
+
+    from cellactors.cli.app_loader import load_app
+
+    shadow = tmp_path / "json.py"
+    shadow.write_text(COUNTER_APP.read_text())
+    classes = load_app(str(shadow))
+    assert [c.__name__ for c in classes] == ["Counter"]
+    assert sys.modules["json"] is json
+    assert {"increment", "get"} <= classes[0].exposed_methods()
+
+
+def test_load_app_skips_imported_cell_classes(tmp_path: Path) -> None:
+    from cellactors.cli.app_loader import load_app
+    from cellactors.errors import ConfigError
+
+    only_imports = tmp_path / "reexport.py"
+    only_imports.write_text("from cellactors import CellActor\n")
+    with pytest.raises(ConfigError, match="no CellActor subclass"):
+        load_app(str(only_imports))
+
+
+@pytest.mark.parametrize(
+    ("listen", "internal", "advertise", "problem"),
+    [
+        ("0.0.0.0:8080", None, None, "--internal-listen"),
+        ("10.0.0.5:8080", None, None, "--internal-listen"),
+        ("127.0.0.1:8080", "0.0.0.0:8081", None, "--advertise"),
+        ("127.0.0.1:8080", None, "0.0.0.0:8081", "0.0.0.0"),
+        ("127.0.0.1:8080", "127.0.0.1:8080", None, "both"),
+        ("127.0.0.1:99999", None, None, "out of range"),
+        ("127.0.0.1:8080", "127.0.0.1:0", None, "port"),
+    ],
+)
+def test_listener_rules(
+    listen: str, internal: str | None, advertise: str | None, problem: str
+) -> None:
+    from cellactors.cli.serve import StartupError, plan_listeners
+
+    with pytest.raises(StartupError, match=problem):
+        plan_listeners(listen, internal, advertise)
+
+
+def test_listener_defaults_and_advertise() -> None:
+    from cellactors.cli.serve import plan_listeners
+
+    plan = plan_listeners("127.0.0.1:8080", None, None)
+    assert str(plan.internal) == str(plan.advertise) == "127.0.0.1:8081"
+    plan = plan_listeners("0.0.0.0:8080", "0.0.0.0:9000", "10.1.2.3:9000")
+    assert str(plan.advertise) == "10.1.2.3:9000"
+    assert str(plan_listeners("[::1]:8080", None, None).public) == "[::1]:8080"

@@ -31,6 +31,8 @@ def _import_file(path: Path) -> ModuleType:
     name = path.stem
     if not name.isidentifier():
         raise ConfigError(f"--app {path}: the file name must be a valid Python module name")
+    if name in sys.modules or name in sys.stdlib_module_names:
+        name = f"cellactors_app_{name}"  # never shadow an imported or standard module
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
