@@ -195,32 +195,49 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "--access-key-id",
     default=None,
     envvar="CELLACTORS_S3_ACCESS_KEY_ID",
+    metavar="KEY",
     help="S3 static access key id (s3:// only).",
 )
 @_option(
     "--secret-access-key",
     default=None,
     envvar="CELLACTORS_S3_SECRET_ACCESS_KEY",
+    metavar="SECRET",
     help="S3 static secret key (s3:// only).",
 )
-@_option("--node", "node_id", default=None, help="Node id, stable across restarts [host name].")
-@_option("--listen", default=DEFAULT_LISTEN, show_default=True, help="Public HOST:PORT.")
+@_option(
+    "--node",
+    "node_id",
+    default=None,
+    metavar="ID",
+    help="Node id, stable across restarts [host name].",
+)
+@_option(
+    "--listen",
+    default=DEFAULT_LISTEN,
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Public listener (client calls).",
+)
 @_option(
     "--internal-listen",
     default=None,
-    help=f"Internal (peer/operator) HOST:PORT [{DEFAULT_INTERNAL}]; required when --listen "
-    "is not loopback.",
+    metavar="HOST:PORT",
+    help=f"Internal listener (peers, /state, /metrics) [{DEFAULT_INTERNAL}]; "
+    "required when --listen is not loopback.",
 )
 @_option(
     "--advertise",
     default=None,
-    help="Internal HOST:PORT peers use to reach this node [the internal listen address].",
+    metavar="HOST:PORT",
+    help="Internal address peers use to reach this node [the internal listen address].",
 )
 @_option(
     "--data-dir",
     default=DEFAULT_DATA_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     help="Local cell databases (and the embedded store).",
 )
 @_option(
@@ -228,6 +245,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     default=10.0,
     show_default=True,
     type=click.FloatRange(min=0.5),
+    metavar="SECONDS",
     help="Node lease TTL in seconds; a dead node's cells move after this long.",
 )
 @_option(
@@ -235,6 +253,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     default=10_000,
     show_default=True,
     type=click.IntRange(min=1),
+    metavar="N",
     help="Active cells this node hosts before placing new ones on peers.",
 )
 @_option(
@@ -242,6 +261,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     default=300.0,
     show_default=True,
     type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
     help="Seconds without a call before a cell is passivated.",
 )
 @_option(
@@ -249,6 +269,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     default=1 << 20,
     show_default=True,
     type=click.IntRange(min=1),
+    metavar="BYTES",
     help="Largest accepted request body.",
 )
 @_option(
