@@ -116,6 +116,10 @@ class LeaseActor(pykka.ThreadingActor):
         """One renewal; a rejection fences the node."""
         if self._fenced or self.token is None or self._stopping.is_set():
             return False
+        if lease_rules.should_fence(self.deadline, time.monotonic()):
+            # Too late: peers may already consider us dead. Never resurrect the lease.
+            self._fence("no lease renewal succeeded within the deadline")
+            return False
         try:
             ok = self._write(Match(self.token))
         except BucketError as err:

@@ -264,7 +264,9 @@ class _PublicCore(_Core):
                 result = await self.run(self._call, cls_name, name, method, kwargs)
             except RemoteOwner as owner:
                 answer = await self.forward(owner, cls_name, name, method, body, encoding)
-                if attempt == 1 and _is_stale_route(answer):
+                if attempt == 1 and _should_reroute(answer):
+                    # Stale, draining or unreachable owner: the call ran nowhere, so forget the
+                    # cached route and decide again from the bucket (the cell may be free now).
                     log.info("stale route to %s for %s:%s; refreshing", owner.node, cls_name, name)
                     await self.run(self.node.forget_route, cls_name, name)
                     continue
@@ -339,8 +341,9 @@ def _base_url(addr: str) -> str:
     return addr if "://" in addr else f"http://{addr}"
 
 
-def _is_stale_route(resp: Response) -> bool:
-    if resp.status_code != StaleRoute.status:
+def _should_reroute(resp: Response) -> bool:
+    """The forward did not run the call and a fresh route may differ."""
+    if resp.status_code not in (StaleRoute.status, NodeUnavailable.status):
         return False
     try:
         payload = codec.decode(
@@ -348,7 +351,10 @@ def _is_stale_route(resp: Response) -> bool:
         )
     except CallError:
         return False
-    return isinstance(payload, dict) and payload.get("error") == StaleRoute.code
+    return isinstance(payload, dict) and payload.get("error") in (
+        StaleRoute.code,
+        NodeUnavailable.code,
+    )
 
 
 class _InternalCore(_Core):
