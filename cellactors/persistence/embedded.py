@@ -8,6 +8,7 @@ several instances can run side by side.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from types import TracebackType
 
 from cellactors.errors import ConfigError
 
+_PR_SET_PDEATHSIG = 1
 _PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
@@ -34,6 +36,16 @@ _PORT_FLAGS = (
     "admin.port",
     "admin.port.grpc",
 )
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when its parent dies, so an
+    embedded store never outlives a SIGKILLed ``cellactors serve``."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
 
 
 def free_port() -> int:
@@ -87,7 +99,11 @@ class SeaweedServer:
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
