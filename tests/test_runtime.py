@@ -283,3 +283,57 @@ class CuttableBucket(Bucket):
     def delete(self, key):  # type: ignore[no-untyped-def]
         self._check()
         return self.inner.delete(key)
+
+
+class HangingBucket(CuttableBucket):
+    """Batch uploads hang until ``release`` is set, like a store that stops answering."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner)
+        self.hang = False
+        self.release = threading.Event()
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        if self.hang and key.endswith(".batch"):
+            self.release.wait(30)
+        return self.inner.put(key, body)
+
+
+def test_upload_not_proven_within_the_deadline_fails_and_resets(sw_bucket: S3Bucket) -> None:
+    slow = HangingBucket(sw_bucket)
+    node = make_node(slow, "n1", op_deadline=1.0)
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        slow.hang = True
+        started = time.monotonic()
+        with pytest.raises(NotDurable, match="could not be proven within 1s"):
+            cell.increment("x")
+        assert time.monotonic() - started < 3.0
+        slow.hang = False
+        slow.release.set()
+        # The cell was reset: the next call activates it again from the bucket, at a new epoch.
+        value = eventually(lambda: cell.get("x"))
+        assert value in (1, 2)  # the unproven write is wholly present or wholly absent
+        assert eventually(lambda: owner_epoch(node, CELL)[1] == 2)
+    finally:
+        slow.release.set()
+        node.stop()
+
+
+def test_runtime_on_gcs(gcs_bucket: Bucket) -> None:
+    """The same protocol on the GCS dialect (fake-gcs-server): counts and a takeover."""
+    a = make_node(gcs_bucket, "ga", ttl=1.0)
+    b = make_node(gcs_bucket, "gb", ttl=1.0)
+    try:
+        cell = a.cell(Counter, "a")
+        cell.increment("x")
+        before = a.bucket.snapshot()
+        assert cell.increment("x") == 2
+        assert delta(a, before) == Tally({("put", "batch"): 1, ("get", "own"): 1})
+        a.fence("simulated crash")
+        assert eventually(lambda: b.cell(Counter, "a").get("x")) == 2
+        assert owner_epoch(b, CELL) == ("gb", 2)
+    finally:
+        a.stop()
+        b.stop()

@@ -9,6 +9,7 @@ held responses and resets the cell (PROTOCOL.md, "Writes and the acknowledgement
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import time
@@ -28,6 +29,10 @@ from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.restore import collect_garbage, encode_snapshot
 
 log = logging.getLogger(__name__)
+
+# Store requests of all replicators run here so that a hung one can be abandoned at the
+# operation deadline without blocking the replicator past it.
+_requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
 
 
 @dataclass
@@ -134,10 +139,19 @@ class Replicator(pykka.ThreadingActor):
         return len(body)
 
     def _retry(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
+        """Run ``op`` (retrying store errors) until it succeeds or the deadline passes. A
+        request that hangs is abandoned at the deadline: the write is then not proven."""
         delay = 0.05
         while True:
+            remaining = deadline - time.monotonic()
             try:
-                return op()
+                if remaining <= 0:
+                    raise concurrent.futures.TimeoutError
+                return _requests.submit(op).result(timeout=remaining)
+            except concurrent.futures.TimeoutError:
+                raise NotDurable(
+                    f"{what} could not be proven within {self.deadline_s:g}s: no answer"
+                ) from None
             except BucketError as err:
                 if time.monotonic() + delay >= deadline:
                     raise NotDurable(
