@@ -337,3 +337,24 @@ def test_runtime_on_gcs(gcs_bucket: Bucket) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_full_node_places_unowned_cells_on_the_least_loaded_peer(sw_bucket: S3Bucket) -> None:
+    a = make_node(sw_bucket, "pa", max_resident_cells=1)
+    b = make_node(sw_bucket, "pb")
+    c = make_node(sw_bucket, "pcc")
+    try:
+        a.cell(Counter, "a").increment("x")  # a is now full
+        c.cell(Counter, "c1").increment("x")  # c carries one cell, b none
+        for n in (b, c):  # let the renewed leases carry the new load figures
+            n.lease.proxy().renew().get()
+        with pytest.raises(RemoteOwner) as info:
+            a.cell(Counter, "b").increment("x")
+        assert info.value.node == "pb"
+        assert a.ownership.read_owner("Counter:b") is None  # placement wrote nothing
+        # The forwarded call is placed where it lands, even on a full node.
+        assert b.call("Counter", "b", "increment", {"name": "x"}, forwarded=True) == 1
+        assert a.call("Counter", "z", "increment", {"name": "x"}, forwarded=True) == 1
+    finally:
+        for n in (a, b, c):
+            n.stop()
