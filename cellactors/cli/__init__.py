@@ -13,10 +13,12 @@ def main() -> None:
 
 def _register() -> None:
     from cellactors.cli import qualify as _qualify
+    from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
 
     main.add_command(_qualify.qualify)
     main.add_command(_serve.serve)
+    main.add_command(_restore.restore)
 
 
 _register()

@@ -86,9 +86,16 @@ def decode_snapshot(key: str, body: bytes) -> tuple[int, int, bytes]:
         raise BucketError(f"{key} is not a valid snapshot: {err}") from err
 
 
-def restore(bucket: Bucket, cell_id: str, epoch: int, db: CellDatabase) -> RestoreResult:
+def restore(
+    bucket: Bucket, cell_id: str, epoch: int, db: CellDatabase, *, seal: bool = True
+) -> RestoreResult:
     """Rebuild ``db`` (expected empty) as of every sealed transaction below ``epoch``, sealing
-    each unsealed epoch on the way."""
+    each unsealed epoch on the way.
+
+    ``seal=False`` is the read-only form for operators (``cellactors restore``): it writes
+    nothing, follows unsealed epochs' chains, and so may include writes that were uploaded
+    but never acknowledged.
+    """
     root = keys.cell_root(cell_id)
     listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
     result = RestoreResult(last_txid=0)
@@ -127,7 +134,7 @@ def restore(bucket: Bucket, cell_id: str, epoch: int, db: CellDatabase) -> Resto
                         raise BucketError(f"{ref.key}: txid {txn.txid} out of order")
                     db.apply(txn)
                     result.last_txid = txn.txid
-        if step.seal:
+        if step.seal and seal:
             create_seal(bucket, cell_id, e, result.last_txid, epoch)
             result.sealed.append(e)
     return result
