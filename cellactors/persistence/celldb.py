@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,18 @@ _DENIED = {
     29: "CREATE VIRTUAL TABLE: virtual tables are not replicated",
     30: "DROP VIRTUAL TABLE: virtual tables are not replicated",
 }
+
+
+def _allow_all(*_args: object) -> int:
+    return sqlite3.SQLITE_OK
+
+
+def _clear_authorizer(conn: sqlite3.Connection) -> None:
+    """Remove the authorizer (Python 3.10 cannot take None; it would deny everything)."""
+    if sys.version_info >= (3, 11):
+        conn.set_authorizer(None)
+    else:
+        conn.set_authorizer(_allow_all)
 
 
 class CellConnection(sqlite3.Connection):
@@ -99,7 +112,7 @@ class CellDatabase:
             try:
                 result = fn()
             finally:
-                conn.set_authorizer(None)
+                _clear_authorizer(conn)
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
             if check is not None:
