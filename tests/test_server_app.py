@@ -650,9 +650,20 @@ def free_port() -> int:
         return port
 
 
-def test_unreachable_owner_is_503_retryable(served: Served, http: httpx.Client) -> None:
+def test_unreachable_owner_is_forgotten_and_the_call_routed_again(
+    served: Served, http: httpx.Client
+) -> None:
     served.node.routes = [RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}")]
     r = post(http, served.public, "/cells/Counter/e/whoami", {})
+    assert r.status_code == 200  # the second routing decision ran it here
+    assert served.node.forgotten == [("Counter", "e")]
+
+
+def test_unreachable_owner_is_503_retryable(served: Served, http: httpx.Client) -> None:
+    gone = RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}")
+    served.node.routes = [gone, gone]
+    r = post(http, served.public, "/cells/Counter/e/whoami", {})
+    assert served.node.forgotten == [("Counter", "e")]  # refreshed once, then gave up
     assert r.status_code == 503
     assert r.json()["error"] == "node_unavailable"
     assert r.json()["retryable"] is True
