@@ -43,8 +43,8 @@ def test_parse_listing_classifies_keys() -> None:
         keys.batch_key(CELL, 12, 6, 9),
         keys.seal_key(CELL, 1),
         keys.seal_key(CELL, 10),
-        keys.snapshot_key(CELL, 4),
-        keys.snapshot_key(CELL, 17),
+        keys.snapshot_key(CELL, 4, 2),
+        keys.snapshot_key(CELL, 17, 3),
         ROOT + "e2/not-a-batch.txt",
         ROOT + "e2/0000000000000005-0000000000000004.batch",  # first > last
         ROOT + "eX/0000000000000001-0000000000000001.batch",
@@ -60,7 +60,10 @@ def test_parse_listing_classifies_keys() -> None:
     assert spans(listing.batches[1]) == [(1, 5), (1, 3), (4, 4)]
     assert spans(listing.batches[12]) == [(6, 9)]
     assert listing.seals == {1, 10}
-    assert listing.snapshots == [(17, keys.snapshot_key(CELL, 17)), (4, keys.snapshot_key(CELL, 4))]
+    assert listing.snapshots == [
+        (17, 3, keys.snapshot_key(CELL, 17, 3)),
+        (4, 2, keys.snapshot_key(CELL, 4, 2)),
+    ]
 
 
 def test_parse_listing_of_nothing() -> None:

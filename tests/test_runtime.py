@@ -358,3 +358,46 @@ def test_full_node_places_unowned_cells_on_the_least_loaded_peer(sw_bucket: S3Bu
     finally:
         for n in (a, b, c):
             n.stop()
+
+
+def test_a_call_after_the_lease_deadline_fences_instead_of_answering(sw_bucket: S3Bucket) -> None:
+    from cellactors.errors import NodeUnavailable
+
+    fenced = threading.Event()
+    node = make_node(sw_bucket, "n1")
+    node._on_fence = lambda reason: fenced.set()
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        before = node.bucket.snapshot()
+        # As seen by a process resumed after a long pause: the deadline is behind it, and its
+        # watchdog has not run yet. Even a read must not be answered from local state.
+        node.deadline.value = time.monotonic() - 1
+        with pytest.raises(NodeUnavailable):
+            cell.get("x")
+        assert fenced.is_set() and node.status == "fenced"
+        assert delta(node, before) == Tally()
+    finally:
+        node.stop()
+
+
+def test_missing_batches_below_a_seal_fail_the_activation(sw_bucket: S3Bucket) -> None:
+    from cellactors.errors import ActivationFailed
+
+    a = make_node(sw_bucket, "na")
+    cell = a.cell(Counter, "a")
+    for _ in range(3):
+        cell.increment("x")
+    a.drain()
+    b = make_node(sw_bucket, "nb")
+    try:
+        assert b.cell(Counter, "a").get("x") == 3  # seals epoch 1 at txid 4
+        b.drain()
+        sw_bucket.delete(keys.batch_key(CELL, 1, 3, 3))  # lose one acknowledged batch
+        c = make_node(sw_bucket, "nc")
+        with pytest.raises(ActivationFailed, match="batch objects are missing"):
+            c.cell(Counter, "a").get("x")
+        c.stop()
+    finally:
+        a.stop()
+        b.stop()

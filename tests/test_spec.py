@@ -302,7 +302,7 @@ def test_invalid_cell_ids_are_rejected_before_any_key(cell_id: Any) -> None:
     with pytest.raises(InvalidCellId):
         keys.owner_key(cell_id)
     with pytest.raises(InvalidCellId):
-        keys.snapshot_key(cell_id, 1)
+        keys.snapshot_key(cell_id, 1, 1)
 
 
 def test_invalid_cell_id_is_a_config_error_naming_the_rule() -> None:

@@ -24,6 +24,18 @@ from cellactors.persistence.leases import LeaseStore, NodeLease, now_ms
 log = logging.getLogger(__name__)
 
 
+class FenceDeadline:
+    """The monotonic time by which the next renewal must succeed, shared with the node so
+    that every call can check it without a message (a resumed, long-paused process must not
+    answer even a read before its watchdog runs)."""
+
+    def __init__(self) -> None:
+        self.value = float("inf")
+
+    def passed(self) -> bool:
+        return lease_rules.should_fence(self.value, time.monotonic())
+
+
 class LeaseActor(pykka.ThreadingActor):
     """Takes, renews and finally expires one node lease."""
 
@@ -36,8 +48,10 @@ class LeaseActor(pykka.ThreadingActor):
         addr: str,
         load: Callable[[], dict[str, Any]],
         on_fence: Callable[[str], None],
+        shared_deadline: FenceDeadline | None = None,
     ) -> None:
         super().__init__()
+        self.shared_deadline = shared_deadline or FenceDeadline()
         self.store = store
         self.generation = generation
         self.addr = addr
@@ -109,6 +123,8 @@ class LeaseActor(pykka.ThreadingActor):
         self.token = result.token
         self.expires_ms = expires
         self.deadline = lease_rules.fence_deadline(sent, self.ttl)
+        if not self._paused.is_set():
+            self.shared_deadline.value = self.deadline
         self.renewals += 1
         return True
 
@@ -140,8 +156,11 @@ class LeaseActor(pykka.ThreadingActor):
             log.warning("could not expire the lease: %s", err)
 
     def pause(self) -> None:
-        """Test hook: stop renewing and watching, as a paused (SIGSTOPped) process would."""
+        """Test hook: a process frozen between its checks. It stops renewing and watching,
+        and its deadline checks see no time pass, so only the acknowledgement rule's re-read
+        can stop it (the window a real pause can hit between a check and an upload)."""
         self._paused.set()
+        self.shared_deadline.value = float("inf")
 
     def _fence(self, reason: str) -> None:
         if self._fenced:

@@ -20,7 +20,7 @@ from typing import Any
 import pykka
 
 from cellactors.actors.cell import CellActor, check_serializable
-from cellactors.actors.lease import LeaseActor
+from cellactors.actors.lease import FenceDeadline, LeaseActor
 from cellactors.actors.messages import Invoke
 from cellactors.actors.metrics import NodeMetrics
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
@@ -132,8 +132,14 @@ class Node:
             base = Path(self.settings.data_dir)
         self.cells_dir = base / self.node_id / "cells"
         self.cells_dir.mkdir(parents=True, exist_ok=True)
+        self.deadline = FenceDeadline()
         self.lease: pykka.ActorRef[Any] = LeaseActor.start(
-            self.leases, self.generation, self.settings.advertise, self._load, self.fence
+            self.leases,
+            self.generation,
+            self.settings.advertise,
+            self._load,
+            self.fence,
+            self.deadline,
         )
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)
@@ -183,6 +189,8 @@ class Node:
         timeout: float | None = None,
     ) -> Any:
         """Run ``method`` on cell ``cls_name:name``; returns once the result is durable."""
+        if self.status == "serving" and self.deadline.passed():
+            self.fence("the lease deadline passed (was this process paused?)")
         cls = self.classes.get(cls_name)
         if cls is None:
             raise UnknownCell(f"no cell class {cls_name!r} is served here")

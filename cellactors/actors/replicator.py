@@ -184,7 +184,7 @@ class Replicator(pykka.ThreadingActor):
         self._pending_snapshot = None
         try:
             self.bucket.put(
-                keys.snapshot_key(self.cell_id, txid),
+                keys.snapshot_key(self.cell_id, txid, self.epoch),
                 encode_snapshot(self.cell_id, self.epoch, txid, image),
             )
             self._snapshot_base = txid

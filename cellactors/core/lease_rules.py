@@ -52,7 +52,8 @@ def fence_margin(ttl_s: float) -> float:
 
 def fence_deadline(sent_mono: float, ttl_s: float) -> float:
     """Monotonic time by which another renewal must succeed, given that the last successful
-    one was *sent* at ``sent_mono`` (its expiry was computed from a clock read before that)."""
+    one was *sent* at ``sent_mono``. Its expiry was computed from a wall-clock read taken
+    just after ``sent_mono``, so the local deadline never outlasts the lease others see."""
     return sent_mono + ttl_s - fence_margin(ttl_s)
 
 

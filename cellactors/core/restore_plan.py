@@ -15,7 +15,7 @@ from cellactors.persistence.batches import parse_batch_name
 
 _SEAL = re.compile(r"^e([0-9]+)\.seal\.json$")
 _EPOCH_DIR = re.compile(r"^e([0-9]+)$")
-_SNAP = re.compile(r"^snap/([0-9a-f]{16})\.snap$")
+_SNAP = re.compile(r"^snap/([0-9a-f]{16})\.e([0-9]+)\.snap$")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class Listing:
 
     batches: dict[int, list[BatchRef]] = field(default_factory=dict)
     seals: set[int] = field(default_factory=set)
-    snapshots: list[tuple[int, str]] = field(default_factory=list)  # (txid, key), newest first
+    # (txid, epoch, key), newest first
+    snapshots: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def parse_listing(root: str, keys: list[str]) -> Listing:
@@ -44,7 +45,7 @@ def parse_listing(root: str, keys: list[str]) -> Listing:
         if m := _SEAL.match(rest):
             listing.seals.add(int(m.group(1)))
         elif m := _SNAP.match(rest):
-            listing.snapshots.append((int(m.group(1), 16), key))
+            listing.snapshots.append((int(m.group(1), 16), int(m.group(2)), key))
         elif "/" in rest:
             folder, name = rest.split("/", 1)
             em = _EPOCH_DIR.match(folder)

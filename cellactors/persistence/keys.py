@@ -65,8 +65,10 @@ def seal_key(cell_id: str, epoch: int) -> str:
     return cell_root(cell_id) + f"e{epoch}.seal.json"
 
 
-def snapshot_key(cell_id: str, txid: int) -> str:
-    return cell_root(cell_id) + f"snap/{txid:016x}.snap"
+def snapshot_key(cell_id: str, txid: int, epoch: int) -> str:
+    """The epoch is part of the name, so snapshots written at different epochs can never
+    replace one another, and a restore can skip unusable ones without reading them."""
+    return cell_root(cell_id) + f"snap/{txid:016x}.e{epoch}.snap"
 
 
 def lease_key(node_id: str) -> str:

@@ -100,12 +100,14 @@ def restore(
     listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
     result = RestoreResult(last_txid=0)
     start_epoch = 1
-    for snap_txid, snap_key in listing.snapshots:
+    for snap_txid, key_epoch, snap_key in listing.snapshots:
+        if key_epoch >= epoch:
+            continue  # not written by an earlier owner: unusable
         obj = bucket.get(snap_key)
         if obj is None:
             continue
         snap_epoch, txid, image = decode_snapshot(snap_key, obj.body)
-        if snap_epoch >= epoch or txid != snap_txid:
+        if snap_epoch != key_epoch or txid != snap_txid:
             continue
         if snap_epoch in listing.seals:
             sealed_max = read_seal(bucket, cell_id, snap_epoch)
@@ -123,6 +125,11 @@ def restore(
             if seal_max is None:
                 raise BucketError(f"seal of epoch {e} of {cell_id} vanished during restore")
         step = restore_plan.plan_epoch(listing, e, result.last_txid, seal_max)
+        if seal_max is not None and step.upto < seal_max:
+            raise BucketError(
+                f"epoch {e} of {cell_id} is sealed at txid {seal_max} but its batches end at "
+                f"txid {step.upto}: batch objects are missing from the bucket"
+            )
         for ref in step.reads:
             obj = bucket.get(ref.key)
             if obj is None:
@@ -147,7 +154,7 @@ def collect_garbage(bucket: Bucket, cell_id: str, snap_epoch: int, snap_txid: in
     listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
     doomed = [ref.key for e, refs in listing.batches.items() if e < snap_epoch for ref in refs]
     doomed += [keys.seal_key(cell_id, e) for e in listing.seals if e < snap_epoch]
-    doomed += [key for txid, key in listing.snapshots if txid < snap_txid]
+    doomed += [key for txid, _epoch, key in listing.snapshots if txid < snap_txid]
     for key in doomed:
         bucket.delete(key)
     return len(doomed)
