@@ -401,3 +401,24 @@ def test_missing_batches_below_a_seal_fail_the_activation(sw_bucket: S3Bucket) -
     finally:
         a.stop()
         b.stop()
+
+
+def test_cell_classes_that_clash_with_the_runtime_are_refused() -> None:
+    from cellactors import CellActor
+    from cellactors.errors import ConfigError
+
+    class Clashing(CellActor):
+        def stop(self) -> None:  # type: ignore[override]
+            pass
+
+        def get(self) -> int:
+            return 1
+
+    class Empty(CellActor):
+        pass
+
+    with pytest.raises(ConfigError, match="overrides stop"):
+        Clashing.check_definition()
+    with pytest.raises(ConfigError, match="no public method"):
+        Empty.check_definition()
+    Counter.check_definition()  # a normal cell passes

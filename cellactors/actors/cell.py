@@ -23,7 +23,7 @@ import sqlite_utils
 
 from cellactors.actors.channel import Outcome, ReplicaChannel
 from cellactors.actors.messages import Invoke, Open, TakeImage
-from cellactors.errors import BadRequest, MethodFailed
+from cellactors.errors import BadRequest, ConfigError, MethodFailed
 from cellactors.persistence.celldb import CellDatabase, to_txn
 
 
@@ -78,6 +78,28 @@ class CellActor(pykka.ThreadingActor):
             if callable(getattr(cls, name, None)):
                 names.add(name)
         return frozenset(names)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        """Refuse a subclass that overrides what the runtime relies on (pykka's lifecycle,
+        ``start``/``stop``, the runtime's own hooks) or that exposes no method at all."""
+        if not (isinstance(cls, type) and issubclass(cls, CellActor)) or cls is CellActor:
+            raise ConfigError(f"{cls!r} is not a CellActor subclass")
+        allowed = {"on_activate", "_abc_impl"}
+        clashes = sorted(
+            name
+            for klass in cls.__mro__
+            if klass not in CellActor.__mro__
+            for name in vars(klass)
+            if name not in allowed and hasattr(CellActor, name) and not name.startswith("__")
+        )
+        if clashes:
+            raise ConfigError(
+                f"cell class {cls.__name__} overrides {', '.join(clashes)}, which the runtime "
+                "uses; rename these methods"
+            )
+        if not cls.exposed_methods():
+            raise ConfigError(f"cell class {cls.__name__} has no public method")
 
     # --- runtime side -------------------------------------------------------------------
 

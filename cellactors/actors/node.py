@@ -112,7 +112,9 @@ class Node:
         self.node_id = keys.validate_node_id(node_id)
         self.generation = secrets.token_hex(8)
         self.bucket = MeteredBucket(bucket)
-        self.classes: dict[str, type[CellActor]] = {c.__name__: c for c in classes}
+        self.classes: dict[str, type[CellActor]] = {}
+        for cls in classes:
+            self.register(cls)
         self.ownership = OwnershipStore(self.bucket, self.node_id)
         self.leases = LeaseStore(self.bucket, self.node_id, self.settings.lease_ttl)
         self.metrics = NodeMetrics(self.bucket)
@@ -160,6 +162,8 @@ class Node:
         return self
 
     def register(self, cls: type[CellActor]) -> None:
+        """Serve ``cls`` under its class name (checked for clashes with the runtime)."""
+        cls.check_definition()
         self.classes[cls.__name__] = cls
 
     def _load(self) -> dict[str, Any]:
