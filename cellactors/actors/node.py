@@ -20,6 +20,7 @@ from typing import Any
 import pykka
 
 from cellactors.actors.cell import CellActor, check_serializable
+from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
 from cellactors.actors.messages import Invoke
 from cellactors.actors.metrics import NodeMetrics
@@ -28,7 +29,6 @@ from cellactors.actors.replicator import SnapshotPolicy
 from cellactors.core import acquire
 from cellactors.errors import (
     ActivationFailed,
-    BadRequest,
     CallError,
     NodeUnavailable,
     NotDurable,
@@ -57,44 +57,6 @@ class NodeSettings:
     advertise: str = ""
     data_dir: Path | None = None
     snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
-
-
-class CellHost:
-    """One activation of one cell on this node, from acquire to release."""
-
-    def __init__(self, cell_id: str, cls: type[CellActor]) -> None:
-        self.cell_id = cell_id
-        self.cls = cls
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        self.active: Active | None = None
-        self.ownership: pykka.ActorRef[Any] | None = None
-
-    def wait(self, timeout: float) -> Active:
-        if not self.ready.wait(timeout):
-            raise ActivationFailed(f"activation of {self.cell_id} did not finish in {timeout:g}s")
-        if self.error is not None:
-            raise self.error
-        assert self.active is not None
-        return self.active
-
-
-class CellProxy:
-    """``node.cell(Counter, "a").increment("x")``: blocking calls answered after the ack."""
-
-    def __init__(self, node: Node, cls_name: str, name: str) -> None:
-        self._node = node
-        self._cls = cls_name
-        self._name = name
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._node.call(self._cls, self._name, method, kwargs, args=args)
-
-        return call
 
 
 class Node:
@@ -501,4 +463,4 @@ class Node:
             )
 
 
-__all__ = ["BadRequest", "CellProxy", "Node", "NodeSettings"]
+__all__ = ["CellProxy", "Node", "NodeSettings"]
