@@ -1,9 +1,36 @@
 """cellactors: durable, single-instance actors ("cells") with per-cell SQLite state, fenced
-and replicated through an S3 or GCS bucket."""
+and replicated through an S3 or GCS bucket.
 
-from cellactors.actors.cell import CellActor
-from cellactors.actors.node import Node, NodeSettings
+The public names load lazily, so ``import cellactors.client`` does not pull in the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CellActor", "Node", "NodeSettings", "__version__"]
+__all__ = ["CellActor", "Client", "Node", "NodeSettings", "__version__"]
+
+if TYPE_CHECKING:
+    from cellactors.actors.cell import CellActor
+    from cellactors.actors.node import Node, NodeSettings
+    from cellactors.client import Client
+
+_LAZY = {
+    "CellActor": "cellactors.actors.cell",
+    "Node": "cellactors.actors.node",
+    "NodeSettings": "cellactors.actors.node",
+    "Client": "cellactors.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cellactors' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
