@@ -422,3 +422,36 @@ def test_cell_classes_that_clash_with_the_runtime_are_refused() -> None:
     with pytest.raises(ConfigError, match="no public method"):
         Empty.check_definition()
     Counter.check_definition()  # a normal cell passes
+
+
+def test_a_read_waits_for_the_ack_of_every_earlier_write(sw_bucket: S3Bucket) -> None:
+    slow = HangingBucket(sw_bucket)
+    node = make_node(slow, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        slow.hang = True
+        results: dict[str, int] = {}
+        wrote, read = threading.Event(), threading.Event()
+
+        def write() -> None:
+            results["write"] = cell.increment("x")
+            wrote.set()
+
+        def read_() -> None:
+            results["read"] = cell.get("x")
+            read.set()
+
+        threading.Thread(target=write, daemon=True).start()
+        eventually(lambda: node.state()["cells"][0]["committed_txid"] == 3)
+        threading.Thread(target=read_, daemon=True).start()
+        # The read ran after the write committed; it must not answer before the write is
+        # durable (it would reveal state that could still be lost).
+        assert not read.wait(0.5)
+        slow.hang = False
+        slow.release.set()
+        assert wrote.wait(10) and read.wait(10)
+        assert results == {"write": 2, "read": 2}
+    finally:
+        slow.release.set()
+        node.stop()
