@@ -42,3 +42,17 @@ class Sandbox(CellActor):
 
     def make_vtable(self) -> None:
         self.db.execute("CREATE VIRTUAL TABLE f USING fts5(body)")
+
+
+class Slow(CellActor):
+    """A cell whose call can be held open, to race stops against sends."""
+
+    gate: Any = None  # a threading.Event set by the test
+
+    def hold(self) -> int:
+        assert Slow.gate is not None
+        Slow.gate.wait(10)
+        return 1
+
+    def get(self) -> int:
+        return 2

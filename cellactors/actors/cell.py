@@ -129,6 +129,7 @@ class CellActor(pykka.ThreadingActor):
         reply.get()  # on_activate failures fail the activation
 
     def _invoke(self, msg: Invoke) -> None:
+        msg.started.set()
         fn = getattr(self, msg.method)
         self._transact(fn, msg.args, msg.kwargs, msg.reply)
 

@@ -13,6 +13,7 @@ from typing import Any
 import pykka
 
 from cellactors.core.acks import AckGate
+from cellactors.errors import NotDurable
 from cellactors.persistence.batches import Txn
 
 
@@ -52,7 +53,12 @@ class ReplicaChannel:
             self.gate.commit(txn.txid)
             self._unshipped.append(txn)
         if self.on_commit is not None:
-            self.on_commit()
+            try:
+                self.on_commit()
+            except Exception as err:  # the replicator is gone: nothing can be proven now
+                failure = NotDurable(f"the replicator stopped; transaction {txn.txid} not shipped")
+                self.fail(failure)
+                raise failure from err
 
     def hold(self, outcome: Outcome) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ class Invoke:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     reply: pykka.Future[Any]
+    #: Set by the cell when it takes the call: a stopped actor that never set it never ran it.
+    started: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass

@@ -119,6 +119,10 @@ class Node:
             self.generation,
             expires,
         )
+        # This process holds the identity now; local copies of an earlier process of this
+        # node cannot be proven current (nothing in memory vouches for them): drop them.
+        for stale in self.cells_dir.iterdir():
+            stale.unlink(missing_ok=True)
         self.status = "serving"
         self._reaper.start()
         return self
@@ -171,18 +175,32 @@ class Node:
         started = time.monotonic()
         for _ in range(3):
             active = self._activate(cell_id, cls, forwarded, max(0.1, deadline - time.monotonic()))
-            reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            invoke = Invoke(method, tuple(args), kwargs, pykka.ThreadingFuture())
             try:
-                active.cell.tell(Invoke(method, tuple(args), kwargs, reply))
+                active.cell.tell(invoke)
             except pykka.ActorDeadError:
                 continue  # passivated or reset between lookup and send: route again
-            try:
-                result = reply.get(timeout=max(0.1, deadline - time.monotonic()))
-            except pykka.Timeout:
-                raise NotDurable(f"no answer from {cell_id} within {budget:g}s") from None
+            delivered, result = self._await(invoke, active, deadline)
+            if not delivered:
+                continue  # the cell stopped before it took the call: it ran nowhere
             self.metrics.acks.observe(time.monotonic() - started)
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
+
+    def _await(self, invoke: Invoke, active: Active, deadline: float) -> tuple[bool, Any]:
+        """Wait for the held answer. Returns (False, None) when the cell actor stopped
+        without ever starting the call (a stop raced the send), so it can be routed again."""
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return True, invoke.reply.get(timeout=max(0.01, min(0.25, remaining)))
+            except pykka.Timeout:
+                if not invoke.started.is_set() and not active.cell.is_alive():
+                    return False, None
+                if remaining <= 0:
+                    raise NotDurable(
+                        f"no answer from {active.runtime.cell_id} within the call timeout"
+                    ) from None
 
     def _activate(
         self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float
@@ -216,7 +234,7 @@ class Node:
             self.bucket,
             self.ownership,
             self.leases,
-            self.cells_dir / f"{cell_id}.db",
+            self.cells_dir,
             lambda err: self._reset(host, err),
             self.settings.op_deadline,
             self.settings.snapshots,
@@ -241,7 +259,7 @@ class Node:
                 local = self._local.pop(cell_id, None)
             prev = None if outcome.takeover else outcome.epoch - 1
             host.active = proxy.activate(outcome, local, prev).get()
-            if self.status != "serving":
+            if self.status in ("fenced", "stopped"):  # a draining node releases it below
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
         except BaseException as err:
             host.error = (
@@ -387,17 +405,19 @@ class Node:
                 return
             self.status = "draining"
         self._reaper_stop.set()
+        # Activations already under way finish first, so that their cells are released too.
+        with self._lock:
+            pending = [h for h in self._hosts.values() if not h.ready.is_set()]
+        for host in pending:
+            host.ready.wait(self.settings.op_deadline * 2)
         while True:
             with self._lock:
-                hosts = [h for h in self._hosts.values() if h.active is not None]
+                hosts = [h for h in self._hosts.values() if h.active is not None][:16]
                 for h in hosts:
                     del self._hosts[h.cell_id]
             if not hosts:
                 break
-            threads = [threading.Thread(target=self._release, args=(h,)) for h in hosts[:16]]
-            for h in hosts[16:]:
-                with self._lock:
-                    self._hosts[h.cell_id] = h
+            threads = [threading.Thread(target=self._release, args=(h,)) for h in hosts]
             for t in threads:
                 t.start()
             for t in threads:

@@ -21,7 +21,13 @@ from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, Open
 from cellactors.actors.replicator import Replicator, SnapshotPolicy
 from cellactors.core import acquire as acq
-from cellactors.errors import ActivationFailed, AmbiguousWrite, BucketError, CellactorsError
+from cellactors.errors import (
+    ActivationFailed,
+    AmbiguousWrite,
+    BucketError,
+    CellactorsError,
+    NotDurable,
+)
 from cellactors.persistence.bucket import Applied, Bucket
 from cellactors.persistence.celldb import CellDatabase
 from cellactors.persistence.leases import LeaseStore, now_ms
@@ -33,11 +39,28 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LocalCopy:
-    """A cleanly passivated activation whose file may be reused if nobody moved since."""
+    """A cleanly passivated activation whose file may be reused if nobody moved since.
+
+    ``identity`` (inode, size, mtime) is taken after the file was closed; a file that no
+    longer matches it is never reused."""
 
     epoch: int
     last_txid: int
     path: Path
+    identity: tuple[int, int, int]
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def remove_db_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 @dataclass
@@ -63,7 +86,7 @@ class OwnershipActor(pykka.ThreadingActor):
         bucket: Bucket,
         ownership: OwnershipStore,
         leases: LeaseStore,
-        db_path: Path,
+        cells_dir: Path,
         report_failure: Callable[[BaseException], None],
         deadline_s: float,
         snapshots: SnapshotPolicy,
@@ -74,7 +97,7 @@ class OwnershipActor(pykka.ThreadingActor):
         self.bucket = bucket
         self.ownership = ownership
         self.leases = leases
-        self.db_path = db_path
+        self.cells_dir = cells_dir
         self.report_failure = report_failure
         self.deadline_s = deadline_s
         self.snapshots = snapshots
@@ -127,25 +150,36 @@ class OwnershipActor(pykka.ThreadingActor):
     def activate(
         self, claim: acq.Claim, local: LocalCopy | None, previous_epoch: int | None
     ) -> Active:
-        """Restore and open the cell at ``claim.epoch``."""
+        """Restore and open the cell at ``claim.epoch``.
+
+        Each activation has its own file (``<cell>.e<epoch>.db``), so nothing done to an
+        older activation's file (a reset discarding it, say) can touch this one.
+        """
         epoch = claim.epoch
+        path = self.cells_dir / f"{self.cell_id}.e{epoch}.db"
+        remove_db_files(path)
         source = "bucket"
+        database: CellDatabase | None = None
         if (
             local is not None
             and previous_epoch == local.epoch == epoch - 1
-            and local.path == self.db_path
+            and file_identity(local.path) == local.identity
         ):
-            # Nobody acquired since our clean release: the local file is current. Seal the
-            # epoch we wrote so the invariant "every epoch below the current one is sealed"
-            # holds exactly as after a bucket restore.
+            # Nobody acquired since our clean release and the file is the one we closed: it
+            # is current. Seal the epoch we wrote so "every epoch below the current one is
+            # sealed" holds exactly as after a bucket restore.
             try:
                 create_seal(self.bucket, self.cell_id, local.epoch, local.last_txid, epoch)
-                database = CellDatabase(self.db_path)
+                local.path.replace(path)
+                database = CellDatabase(path)
                 last_txid, source = local.last_txid, "local"
-            except CellactorsError:
-                database, last_txid = self._restore_from_bucket(epoch)
-        else:
-            database, last_txid = self._restore_from_bucket(epoch)
+            except (CellactorsError, OSError) as err:
+                log.info("local copy of %s not reused: %s", self.cell_id, err)
+                remove_db_files(path)
+        if local is not None:
+            remove_db_files(local.path)
+        if database is None:
+            database, last_txid = self._restore_from_bucket(path, epoch)
         channel = ReplicaChannel(last_txid)
         runtime = CellRuntime(
             cell_id=self.cell_id,
@@ -180,10 +214,8 @@ class OwnershipActor(pykka.ThreadingActor):
         self.active = Active(epoch, cell, replicator, runtime, source)
         return self.active
 
-    def _restore_from_bucket(self, epoch: int) -> tuple[CellDatabase, int]:
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(self.db_path) + suffix).unlink(missing_ok=True)
-        database = CellDatabase(self.db_path)
+    def _restore_from_bucket(self, path: Path, epoch: int) -> tuple[CellDatabase, int]:
+        database = CellDatabase(path)
         try:
             result = restore(self.bucket, self.cell_id, epoch, database)
         except BaseException as err:
@@ -202,10 +234,16 @@ class OwnershipActor(pykka.ThreadingActor):
         if active is None:
             return None
         self.active = None
+        channel = active.runtime.channel
         try:
             active.cell.stop(block=True, timeout=timeout)
         except pykka.Timeout:
-            pass
+            # A call is still running: never release under it. Fail what it holds, keep the
+            # ownership (peers take over when the lease goes), and drop the file.
+            log.warning("cell %s did not stop within %gs; not releasing", self.cell_id, timeout)
+            channel.fail(NotDurable(f"{self.cell_id} was stopped while a call was running"))
+            active.replicator.stop(block=False)
+            return None
         clean = False
         try:
             flush = Flush()
@@ -214,7 +252,6 @@ class OwnershipActor(pykka.ThreadingActor):
         except (pykka.Timeout, pykka.ActorDeadError):
             clean = False
         active.replicator.stop(block=False)
-        channel = active.runtime.channel
         clean = clean and channel.idle() and channel.failed is None
         try:
             released = self.ownership.release_owner(self.cell_id, active.epoch)
@@ -223,11 +260,13 @@ class OwnershipActor(pykka.ThreadingActor):
             clean = False
         else:
             clean = clean and isinstance(released, Applied)
-        active.runtime.database.close()
-        if not clean:
-            active.runtime.database.discard()
+        database = active.runtime.database
+        database.close()
+        identity = file_identity(database.path)
+        if not clean or identity is None:
+            database.discard()
             return None
-        return LocalCopy(active.epoch, channel.acked, self.db_path)
+        return LocalCopy(active.epoch, channel.acked, database.path, identity)
 
     def abandon(self, error: BaseException) -> None:
         """Stop without releasing (fence or reset): fail held calls, drop the local copy."""
@@ -238,7 +277,3 @@ class OwnershipActor(pykka.ThreadingActor):
         active.runtime.channel.fail(error)
         active.cell.stop(block=False)
         active.replicator.stop(block=False)
-
-    def discard_local(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(self.db_path) + suffix).unlink(missing_ok=True)

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
 _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
+# Snapshot uploads and garbage collection, which never hold an answer back.
+_background = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot")
 
 
 @dataclass
@@ -79,16 +81,26 @@ class Replicator(pykka.ThreadingActor):
         self._since_snapshot_bytes = 0
         self._snapshot_base = snapshot_base
         self._pending_snapshot: tuple[int, bytes] | None = None
+        self.snapshot_job: concurrent.futures.Future[None] | None = None
         self.uploads = 0
         self.linger_s = 0.005
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Kick):
-            self._ship()
-            return None
-        if isinstance(message, Flush):
-            self._ship()
-            message.done.set(self.channel.failed is None)
+        try:
+            if isinstance(message, Kick):
+                self._ship()
+                return None
+            if isinstance(message, Flush):
+                self._ship()
+                message.done.set(self.channel.failed is None)
+                return None
+        except Exception as err:  # never die silently with responses held behind us
+            log.exception("replicator of %s failed", self.cell_id)
+            failure = NotDurable(f"replication of {self.cell_id} failed: {err}")
+            self.channel.fail(failure)
+            self.report_failure(failure)
+            if isinstance(message, Flush):
+                message.done.set(False)
             return None
         return super().on_receive(message)
 
@@ -181,13 +193,20 @@ class Replicator(pykka.ThreadingActor):
         txid, image = self._pending_snapshot
         if txid > self.channel.acked or txid <= self._snapshot_base:
             return  # only acknowledged state may be snapshotted; wait for the ack
+        if self.snapshot_job is not None and not self.snapshot_job.done():
+            return  # one snapshot at a time; this one waits for the next ack
         self._pending_snapshot = None
+        self._snapshot_base = txid
+        # Off the acknowledgement path: a large upload and the collection must not hold
+        # answers back.
+        self.snapshot_job = _background.submit(self._write_snapshot, txid, image)
+
+    def _write_snapshot(self, txid: int, image: bytes) -> None:
         try:
             self.bucket.put(
                 keys.snapshot_key(self.cell_id, txid, self.epoch),
                 encode_snapshot(self.cell_id, self.epoch, txid, image),
             )
-            self._snapshot_base = txid
             collect_garbage(self.bucket, self.cell_id, self.epoch, txid)
         except BucketError as err:  # a snapshot is an optimisation; the chain is intact
             log.warning("cell %s: snapshot at txid %d failed: %s", self.cell_id, txid, err)
