@@ -491,7 +491,8 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
         eventually(lambda: active.cell.actor_inbox.qsize() == 0)  # hold() is running
         stopper = threading.Thread(target=node.passivate, args=("Slow:a",), daemon=True)
         stopper.start()
-        eventually(lambda: "Slow:a" not in node._hosts)  # the stop is queued behind hold()
+        # The stop message is queued behind the running hold() (and nothing else is).
+        eventually(lambda: active.cell.actor_inbox.qsize() == 1)
         # The send that races the stop: accepted by the still-alive actor, never handled.
         invoke = Invoke("get", (), {}, pykka.ThreadingFuture())
         active.cell.tell(invoke)
