@@ -74,8 +74,9 @@ def test_takeover_restores_an_equal_database(
 ) -> None:
     n = next(_ids)
     cell = f"w{n}"
-    a = make_node(sw_bucket, f"a{n}", ttl=0.5)
-    b = make_node(sw_bucket, f"b{n}", ttl=0.5)
+    # A short TTL keeps takeovers fast; 1 s leaves a loaded CI machine room to renew.
+    a = make_node(sw_bucket, f"a{n}", ttl=1.0)
+    b = make_node(sw_bucket, f"b{n}", ttl=1.0)
     try:
         for call in [list(TABLES.values()), *workload]:
             try:

@@ -87,8 +87,8 @@ def test_idle_node_makes_only_lease_renewals(sw_bucket: S3Bucket) -> None:
         after.subtract(before)
         ops = {k: v for k, v in after.items() if v}
         assert set(ops) == {("put_cas", "lease")}
-        # one renewal every TTL/3 = 0.3 s: 5 in 1.5 s, give or take one at each edge
-        assert 4 <= ops[("put_cas", "lease")] <= 6
+        # one renewal every TTL/3 = 0.3 s: 5 in 1.5 s (fewer if the machine is loaded)
+        assert 3 <= ops[("put_cas", "lease")] <= 6
     finally:
         node.stop()
 

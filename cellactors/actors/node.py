@@ -275,6 +275,8 @@ class Node:
             try:
                 if host.active is not None:
                     proxy.abandon(host.error).get()
+            except pykka.ActorDeadError:
+                pass  # a fence already stopped the ownership actor and failed the cell
             finally:
                 own.stop(block=False)
         else:
