@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import pytest
@@ -56,11 +55,6 @@ def make_s3_bucket(endpoint: str, prefix: str = "") -> S3Bucket:
 def sw_bucket(seaweed: SeaweedServer) -> S3Bucket:
     """A fresh bucket on the session's SeaweedFS."""
     return make_s3_bucket(seaweed.endpoint)
-
-
-@pytest.fixture
-def tmp_dir(tmp_path: Path) -> Path:
-    return tmp_path
 
 
 # Fixture modules owned by separate areas of the suite.

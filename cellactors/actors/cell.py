@@ -13,6 +13,7 @@ then starts the actor and sends :class:`~cellactors.actors.messages.Open`, which
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -48,6 +49,17 @@ class CellRuntime:
     last_used: float = field(default_factory=time.monotonic)
 
 
+@functools.cache
+def _exposed(cls: type) -> frozenset[str]:
+    return frozenset(
+        name
+        for name in dir(cls)
+        if not name.startswith("_")
+        and not hasattr(CellActor, name)
+        and callable(getattr(cls, name, None))
+    )
+
+
 class CellActor(pykka.ThreadingActor):
     """Subclass this; public methods become the cell's API.
 
@@ -70,14 +82,9 @@ class CellActor(pykka.ThreadingActor):
 
     @classmethod
     def exposed_methods(cls) -> frozenset[str]:
-        """Public callables defined by the subclass (not by CellActor or pykka)."""
-        names = set()
-        for name in dir(cls):
-            if name.startswith("_") or hasattr(CellActor, name):
-                continue
-            if callable(getattr(cls, name, None)):
-                names.add(name)
-        return frozenset(names)
+        """Public callables defined by the subclass (not by CellActor or pykka); computed
+        once per class, since every call checks it."""
+        return _exposed(cls)
 
     @classmethod
     def check_definition(cls) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pykka
 
-from cellactors.core.acks import AckGate
+from cellactors.core.acks import AckGate, settle
 from cellactors.errors import NotDurable
 from cellactors.persistence.batches import Txn
 
@@ -67,8 +67,7 @@ class ReplicaChannel:
             except BaseException as err:  # the gate has failed: nothing is released
                 outcome.error, outcome.value = err, None
                 ready = [outcome]
-        for item in ready:
-            item.release()
+        settle(ready, Outcome.release)
 
     def note_progress(self) -> None:
         """The cell finished a message (wakes a lingering replicator)."""
@@ -87,8 +86,7 @@ class ReplicaChannel:
     def ack(self, upto: int) -> None:
         with self._lock:
             ready = self.gate.ack(upto)
-        for item in ready:
-            item.release()
+        settle(ready, Outcome.release)
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

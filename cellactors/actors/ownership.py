@@ -29,7 +29,7 @@ from cellactors.errors import (
     NotDurable,
 )
 from cellactors.persistence.bucket import Applied, Bucket
-from cellactors.persistence.celldb import CellDatabase
+from cellactors.persistence.celldb import CellDatabase, remove_db_files
 from cellactors.persistence.leases import LeaseStore, now_ms
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.restore import create_seal, restore
@@ -56,11 +56,6 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def remove_db_files(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 @dataclass

@@ -82,7 +82,6 @@ class Replicator(pykka.ThreadingActor):
         self._snapshot_base = snapshot_base
         self._pending_snapshot: tuple[int, bytes] | None = None
         self.snapshot_job: concurrent.futures.Future[None] | None = None
-        self.uploads = 0
         self.linger_s = 0.005
 
     def on_receive(self, message: Any) -> Any:
@@ -139,7 +138,6 @@ class Replicator(pykka.ThreadingActor):
         body = encode_batch(batch)
         key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
         self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
-        self.uploads += 1
         record = self._retry(lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read")
         node = record.node if record else None
         epoch = record.epoch if record else None

@@ -181,8 +181,13 @@ class CellDatabase:
     def discard(self) -> None:
         """Close and delete the local copy (after a reset)."""
         self.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(self.path) + suffix).unlink(missing_ok=True)
+        remove_db_files(self.path)
+
+
+def remove_db_files(path: Path) -> None:
+    """Delete a SQLite file with its WAL and shared-memory companions."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 def to_txn(txid: int, changes: capture.TxnChanges, image: bytes | None, ts_ms: int) -> Txn:
