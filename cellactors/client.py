@@ -23,6 +23,9 @@ from urllib.parse import quote
 import httpx
 
 from cellactors.errors import (
+    NOT_RUN,
+    OUTCOMES,
+    UNKNOWN,
     ActivationFailed,
     BadRequest,
     CallError,
@@ -71,7 +74,9 @@ def error_from_answer(status: int, payload: Any) -> CallError:
     err = CallError(message)
     err.status = status
     err.code = code
-    err.retryable = bool(payload.get("retryable", False))
+    outcome = payload.get("outcome")
+    err.outcome = outcome if outcome in OUTCOMES else UNKNOWN
+    err.retryable = err.outcome == NOT_RUN and bool(payload.get("retryable", False))
     return err
 
 

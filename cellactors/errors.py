@@ -30,17 +30,34 @@ class InvalidCellId(ConfigError):
     """A cell id does not match ``<Class>:<name>`` with the allowed characters."""
 
 
+#: The call provably never started: no effect; safe to retry or re-route.
+NOT_RUN = "not_run"
+#: The call may have been applied: retry only with the same idempotency key.
+UNKNOWN = "unknown"
+#: The method ran and raised (or its result was refused): rolled back, no effect.
+FAILED = "failed"
+OUTCOMES = (NOT_RUN, UNKNOWN, FAILED)
+
+
 class CallError(CellactorsError):
-    """A cell call failed. ``status`` is the HTTP status the server answers with and
-    ``code`` a stable machine-readable name; ``retryable`` tells clients another try (on any
-    node) is safe because the call did not take effect or is known not durable."""
+    """A cell call failed. ``status`` is the HTTP status the server answers with, ``code`` a
+    stable machine-readable name, and ``outcome`` says whether the call ran: ``not_run``
+    (never started), ``unknown`` (may have been applied) or ``failed`` (ran, rolled back).
+    ``retryable`` marks the transient ``not_run`` errors (another node or a later try may
+    succeed); no other outcome is ever retryable without an idempotency key."""
 
     status = 500
     code = "internal"
+    outcome = UNKNOWN
     retryable = False
 
     def to_dict(self) -> dict[str, object]:
-        return {"error": self.code, "message": str(self), "retryable": self.retryable}
+        return {
+            "error": self.code,
+            "message": str(self),
+            "outcome": self.outcome,
+            "retryable": self.retryable,
+        }
 
 
 class UnknownCell(CallError):
@@ -48,6 +65,7 @@ class UnknownCell(CallError):
 
     status = 404
     code = "unknown_cell"
+    outcome = NOT_RUN
 
 
 class BadRequest(CallError):
@@ -55,6 +73,7 @@ class BadRequest(CallError):
 
     status = 400
     code = "bad_request"
+    outcome = NOT_RUN
 
 
 class MethodFailed(CallError):
@@ -62,6 +81,7 @@ class MethodFailed(CallError):
 
     status = 422
     code = "method_failed"
+    outcome = FAILED
 
     def __init__(self, exc_type: str, message: str) -> None:
         super().__init__(f"{exc_type}: {message}")
@@ -73,21 +93,26 @@ class MethodFailed(CallError):
 
 
 class NotDurable(CallError):
-    """The write could not be proven durable (ownership lost or upload failed in time).
+    """The call may have been applied, but that could not be proven: the write was not
+    proven durable (ownership lost, upload failed in time, node fenced or reset while the
+    answer was held), or the answer was lost after the call was handed over.
 
-    The caller must assume the write may or may not be present; the cell was reset.
+    The caller must assume the call may or may not have taken effect; retry it only with
+    the same idempotency key.
     """
 
     status = 503
     code = "not_durable"
-    retryable = True
+    outcome = UNKNOWN
 
 
 class NodeUnavailable(CallError):
-    """This node is draining or fenced and takes no new calls."""
+    """This node is draining or fenced and took no part of the call (it never reached a
+    cell); another node may run it."""
 
     status = 503
     code = "node_unavailable"
+    outcome = NOT_RUN
     retryable = True
 
 
@@ -96,6 +121,7 @@ class RemoteOwner(CallError):
 
     status = 307
     code = "remote_owner"
+    outcome = NOT_RUN
 
     def __init__(self, node: str, addr: str) -> None:
         super().__init__(f"cell is owned by live node {node} at {addr}")
@@ -108,12 +134,33 @@ class StaleRoute(CallError):
 
     status = 409
     code = "stale_route"
+    outcome = NOT_RUN
     retryable = True
 
 
 class ActivationFailed(CallError):
-    """The cell could not be acquired or restored (e.g. a lost seal race); retry later."""
+    """The cell could not be acquired or restored (e.g. a lost seal race) before the call
+    was handed to it; retry later."""
 
     status = 503
     code = "activation_failed"
+    outcome = NOT_RUN
     retryable = True
+
+
+class BadResult(CallError):
+    """The method's result cannot be carried back (not msgpack, or not encodable in the
+    request's encoding): its transaction was rolled back."""
+
+    status = 422
+    code = "bad_result"
+    outcome = FAILED
+
+
+class KeyConflict(CallError):
+    """An idempotency key was reused for a different method or different arguments; the
+    call was not run."""
+
+    status = 409
+    code = "key_conflict"
+    outcome = NOT_RUN

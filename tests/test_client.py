@@ -67,7 +67,8 @@ def test_not_durable_is_not_retried_by_default(served: Served) -> None:
     served.node.flaky_failures = 1
     with Client([served.public, served.public]) as client, pytest.raises(NotDurable) as info:
         client.cell("Counter", "a").flaky()
-    assert info.value.retryable is True
+    assert info.value.retryable is False
+    assert info.value.outcome == "unknown"
     assert len(served.node.calls) == 1
 
 

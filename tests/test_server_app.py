@@ -399,6 +399,7 @@ def test_method_failure_is_422_with_type(served: Served, http: httpx.Client) -> 
     assert r.json() == {
         "error": "method_failed",
         "message": "ValueError: bad input",
+        "outcome": "failed",
         "retryable": False,
         "type": "ValueError",
         "detail": "bad input",
@@ -411,7 +412,8 @@ def test_not_durable_is_503_with_retry_after(served: Served, http: httpx.Client)
     assert r.status_code == 503
     assert r.headers["retry-after"] == "1"
     assert r.json()["error"] == "not_durable"
-    assert r.json()["retryable"] is True
+    assert r.json()["outcome"] == "unknown"
+    assert r.json()["retryable"] is False
 
 
 def test_draining_node_answers_503_and_unhealthy(served: Served, http: httpx.Client) -> None:
@@ -549,6 +551,7 @@ def test_internal_maps_remote_owner_to_stale_route(served: Served, http: httpx.C
     assert r.status_code == 409
     assert r.json() == {
         "error": "stale_route",
+        "outcome": "not_run",
         "message": "node-a does not own Counter:a",
         "retryable": True,
     }

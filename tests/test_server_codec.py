@@ -108,6 +108,7 @@ def test_result_and_error_bodies() -> None:
     assert err == {
         "error": "method_failed",
         "message": "KeyError: 'k'",
+        "outcome": "failed",
         "retryable": False,
         "type": "KeyError",
         "detail": "'k'",
@@ -153,6 +154,7 @@ def test_oversized_body_that_ends_within_drain_is_drained() -> None:
     assert info.value.to_dict() == {
         "error": "payload_too_large",
         "message": "request body exceeds the limit of 10000 bytes",
+        "outcome": "not_run",
         "retryable": False,
     }
 

@@ -89,6 +89,7 @@ def test_no_headers_at_all() -> None:
     assert info.value.to_dict() == {
         "error": "unauthorized",
         "message": info.value.args[0],
+        "outcome": "not_run",
         "retryable": False,
     }
 

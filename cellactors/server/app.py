@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from cellactors.errors import (
+    NOT_RUN,
     BadRequest,
     CallError,
     InvalidCellId,
@@ -101,6 +102,7 @@ class PeerRefused(CallError):
 
     status = 502
     code = "peer_refused"
+    outcome = NOT_RUN
 
 
 class InternalError(CallError):

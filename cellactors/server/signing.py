@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from cellactors.errors import CallError
+from cellactors.errors import NOT_RUN, CallError
 
 SOURCE_HEADER = "X-Cellactors-Source"
 TARGET_HEADER = "X-Cellactors-Target"
@@ -39,6 +39,7 @@ class Unauthorized(CallError):
 
     status = 401
     code = "unauthorized"
+    outcome = NOT_RUN
 
 
 def _check_key(key: bytes) -> None:
