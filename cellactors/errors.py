@@ -123,10 +123,11 @@ class RemoteOwner(CallError):
     code = "remote_owner"
     outcome = NOT_RUN
 
-    def __init__(self, node: str, addr: str) -> None:
+    def __init__(self, node: str, addr: str, generation: str = "") -> None:
         super().__init__(f"cell is owned by live node {node} at {addr}")
         self.node = node
         self.addr = addr
+        self.generation = generation
 
 
 class StaleRoute(CallError):

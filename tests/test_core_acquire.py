@@ -36,11 +36,14 @@ CASES = [
     Case("own", OwnerRecord(ME, 3, "t3"), acquire._UNREAD, Claim(epoch=4, guard=Match("t3"))),
     Case("released", OwnerRecord("", 5, "t5"), acquire._UNREAD, Claim(6, Match("t5"))),
     Case("other, lease not read yet", OTHER, acquire._UNREAD, ReadLease("n2")),
-    Case("other, live lease", OTHER, lease(), Remote("n2", "http://n2")),
+    Case("other, live lease", OTHER, lease(), Remote("n2", "http://n2", "g")),
     Case("other, lease expired", OTHER, lease(expires_ms=NOW - 1), TAKEOVER),
     Case("other, lease expires exactly now", OTHER, lease(expires_ms=NOW), TAKEOVER),
     Case(
-        "other, lease expires next ms", OTHER, lease(expires_ms=NOW + 1), Remote("n2", "http://n2")
+        "other, lease expires next ms",
+        OTHER,
+        lease(expires_ms=NOW + 1),
+        Remote("n2", "http://n2", "g"),
     ),
     Case("other, lease missing", OTHER, None, TAKEOVER),
     Case("other, lease of a different node", OTHER, lease(node="n3"), TAKEOVER),

@@ -22,7 +22,13 @@ from cellactors.persistence.bucket import (
     StoredObject,
 )
 from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.leases import PEER_PROTOCOL, LeaseStore, NodeLease, now_ms
+from cellactors.persistence.leases import (
+    PEER_PROTOCOL,
+    LeaseStore,
+    NodeLease,
+    encode_lease,
+    now_ms,
+)
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.peer_auth import ensure_peer_key
 from tests.conftest import make_s3_bucket
@@ -263,8 +269,8 @@ def _seed_fleet(bucket: Bucket) -> None:
         ("n9", _lease("n9")),  # live, but its object will look stale
     ]:
         _applied(LeaseStore(bucket, node).cas_node_lease(Absent(), lease))
-    bucket.put("nodes/n6.json", _lease("n7").to_json())  # names another node
-    bucket.put("nodes/sub/x.json", _lease("x").to_json())  # not a lease key
+    bucket.put("nodes/n6.json", encode_lease(_lease("n7")))  # names another node
+    bucket.put("nodes/sub/x.json", encode_lease(_lease("x")))  # not a lease key
     bucket.put("nodes/notes.txt", b"hello")
     bucket.put("nodes/n8.json", b"not json")  # corrupt
 

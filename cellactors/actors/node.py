@@ -87,7 +87,7 @@ class Node:
         self._hosts: dict[str, CellHost] = {}
         self._closing: dict[str, threading.Event] = {}
         self._local: dict[str, LocalCopy] = {}
-        self._routes: dict[str, tuple[str, str, float]] = {}
+        self._routes: dict[str, tuple[acquire.Remote, float]] = {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if self.settings.data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"cellactors-{self.node_id}-")
@@ -157,8 +157,16 @@ class Node:
         args: tuple[Any, ...] = (),
         forwarded: bool = False,
         timeout: float | None = None,
+        key: str | None = None,
+        result_check: Callable[[Any], None] | None = None,
     ) -> Any:
-        """Run ``method`` on cell ``cls_name:name``; returns once the result is durable."""
+        """Run ``method`` on cell ``cls_name:name``; returns once the result is durable.
+
+        ``key`` is the call's idempotency key: a call whose key the cell has recorded returns
+        the recorded result without running again. ``result_check`` runs on the result inside
+        the transaction, before commit (e.g. "encodable as JSON"); if it raises, the
+        transaction is rolled back and the call fails with
+        :class:`~cellactors.errors.BadResult`."""
         if self.status == "serving" and self.deadline.passed():
             self.fence("the lease deadline passed (was this process paused?)")
         cls = self.classes.get(cls_name)
@@ -211,8 +219,8 @@ class Node:
             host = self._hosts.get(cell_id)
             if host is None:
                 route = self._routes.get(cell_id)
-                if route and route[2] > time.monotonic() and not forwarded:
-                    raise RemoteOwner(route[0], route[1])
+                if route and route[1] > time.monotonic() and not forwarded:
+                    raise RemoteOwner(route[0].node, route[0].addr, route[0].generation)
                 host = CellHost(cell_id, cls)
                 self._hosts[cell_id] = host
                 threading.Thread(
@@ -245,15 +253,11 @@ class Node:
             outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
             if isinstance(outcome, acquire.Remote):
                 with self._lock:
-                    self._routes[cell_id] = (
-                        outcome.node,
-                        outcome.addr,
-                        time.monotonic() + self.settings.lease_ttl,
-                    )
+                    self._routes[cell_id] = (outcome, time.monotonic() + self.settings.lease_ttl)
                 raise (
                     StaleRoute(f"{cell_id} is owned by {outcome.node}")
                     if forwarded
-                    else RemoteOwner(outcome.node, outcome.addr)
+                    else RemoteOwner(outcome.node, outcome.addr, outcome.generation)
                 )
             with self._lock:
                 local = self._local.pop(cell_id, None)
@@ -296,7 +300,7 @@ class Node:
         best = min(peers, key=lambda p: (int(p.load.get("resident_cells", 0)), p.node))
         if int(best.load.get("resident_cells", 0)) >= self.settings.max_resident_cells:
             return None
-        return acquire.Remote(best.node, best.addr)
+        return acquire.Remote(best.node, best.addr, best.generation)
 
     def forget_route(self, cls_name: str, name: str) -> None:
         with self._lock:
@@ -446,6 +450,11 @@ class Node:
             self._tmp.cleanup()
 
     # --- introspection ------------------------------------------------------------------
+
+    def may_answer(self) -> bool:
+        """Whether an answer may still be sent: not fenced or stopped, and the lease deadline
+        has not passed. Checked right before a held answer leaves the node."""
+        return self.status in ("serving", "draining") and not self.deadline.passed()
 
     def state(self) -> dict[str, Any]:
         lease = self.lease.proxy()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cellactors.persistence.bucket import Absent, Guard, Match
-from cellactors.persistence.leases import NodeLease
-from cellactors.persistence.ownership import OwnerRecord
+from cellactors.core.types import Absent, Guard, Match, NodeLease, OwnerRecord
 
 MAX_ATTEMPTS = 5
 MAX_AMBIGUOUS = 3
@@ -35,10 +33,12 @@ class ReadLease:
 
 @dataclass(frozen=True)
 class Remote:
-    """Another node owns the cell and its lease is live: route there."""
+    """Another node owns the cell and its lease is live: route there. ``generation`` is
+    the owner's process generation from its lease (signed forwards are bound to it)."""
 
     node: str
     addr: str
+    generation: str = ""
 
 
 Decision = Claim | ReadLease | Remote
@@ -60,7 +60,7 @@ def decide(
     if lease is _UNREAD:
         return ReadLease(record.node)
     if isinstance(lease, NodeLease) and lease.node == record.node and lease.is_live(now_ms):
-        return Remote(record.node, lease.addr)
+        return Remote(record.node, lease.addr, lease.generation)
     return Claim(
         epoch=record.epoch + 1,
         guard=Match(record.token),

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cellactors.persistence.bucket import Absent, Guard, Match
-from cellactors.persistence.leases import LeaseSnapshot
+from cellactors.core.types import Absent, Guard, LeaseSnapshot, Match
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from cellactors.persistence.batches import parse_batch_name
-
 _SEAL = re.compile(r"^e([0-9]+)\.seal\.json$")
 _EPOCH_DIR = re.compile(r"^e([0-9]+)$")
 _SNAP = re.compile(r"^snap/([0-9a-f]{16})\.e([0-9]+)\.snap$")
+_BATCH_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.batch$")
+
+
+def parse_batch_name(name: str) -> tuple[int, int] | None:
+    """``<first:016x>-<last:016x>.batch`` -> (first, last), or None for other names."""
+    m = _BATCH_NAME.match(name)
+    if not m:
+        return None
+    first, last = int(m.group(1), 16), int(m.group(2), 16)
+    return (first, last) if first <= last else None
 
 
 @dataclass(frozen=True)

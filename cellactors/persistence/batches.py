@@ -7,7 +7,6 @@ schema, a whole-database image. The batch objects double as the cell's event log
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +15,6 @@ import msgpack
 from cellactors.errors import BucketError
 
 FORMAT_VERSION = 1
-_BATCH_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.batch$")
 
 
 @dataclass
@@ -94,12 +92,3 @@ def decode_batch(key: str, body: bytes) -> Batch:
         )
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
         raise BucketError(f"{key} is not a valid change batch: {err}") from err
-
-
-def parse_batch_name(name: str) -> tuple[int, int] | None:
-    """``<first:016x>-<last:016x>.batch`` -> (first, last), or None for other names."""
-    m = _BATCH_NAME.match(name)
-    if not m:
-        return None
-    first, last = int(m.group(1), 16), int(m.group(2), 16)
-    return (first, last) if first <= last else None

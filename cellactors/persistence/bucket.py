@@ -16,40 +16,25 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cellactors.core.types import Absent, Applied, CasResult, Guard, Match, Rejected
+
+__all__ = [
+    "MAX_CAS_BODY",
+    "Absent",
+    "Applied",
+    "Bucket",
+    "CasResult",
+    "Guard",
+    "Match",
+    "ObjectInfo",
+    "Rejected",
+    "StoredObject",
+    "join_prefix",
+    "strip_prefix",
+]
+
 # Conditional bodies are tiny JSON records; a cap keeps GCS on single-request uploads.
 MAX_CAS_BODY = 8 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Absent:
-    """Guard: write only if the key does not exist (create)."""
-
-
-@dataclass(frozen=True)
-class Match:
-    """Guard: write only if the object's token (S3 ETag, GCS generation) is still ``token``."""
-
-    token: str
-
-
-Guard = Absent | Match
-
-
-@dataclass(frozen=True)
-class Applied:
-    """The conditional write committed; ``token`` identifies the new version."""
-
-    token: str
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """The precondition failed: the object was not written."""
-
-    reason: str = ""
-
-
-CasResult = Applied | Rejected
 
 
 @dataclass(frozen=True)

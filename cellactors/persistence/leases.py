@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
+from cellactors.core.types import PEER_PROTOCOL, LeaseSnapshot, NodeLease
 from cellactors.errors import BucketError, InvalidCellId
 from cellactors.persistence import keys, records
 from cellactors.persistence.bucket import Bucket, CasResult, Guard
 
-PEER_PROTOCOL = 1
+__all__ = ["PEER_PROTOCOL", "LeaseSnapshot", "LeaseStore", "NodeLease", "encode_lease", "now_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -26,42 +25,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True)
-class NodeLease:
-    """One node's lease record."""
-
-    node: str
-    addr: str
-    expires_ms: int
-    generation: str
-    peer_protocol: int = PEER_PROTOCOL
-    load: dict[str, Any] = field(default_factory=dict)
-
-    def is_live(self, at_ms: int) -> bool:
-        """Live: not expired by the reader's clock and reachable."""
-        return self.expires_ms > at_ms and bool(self.addr)
-
-    def to_json(self) -> bytes:
-        return records.encode(
-            {
-                "node": self.node,
-                "addr": self.addr,
-                "expires_ms": self.expires_ms,
-                "peer_protocol": self.peer_protocol,
-                "generation": self.generation,
-                "load": self.load,
-                # A nonce keeps two writes of otherwise equal content from sharing an ETag.
-                "nonce": secrets.token_hex(8),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class LeaseSnapshot:
-    """A lease as read, with the token guarding its next renewal."""
-
-    lease: NodeLease
-    token: str
+def encode_lease(lease: NodeLease) -> bytes:
+    """The lease as stored; a nonce keeps two writes of equal content from sharing an ETag."""
+    return records.encode(
+        {
+            "node": lease.node,
+            "addr": lease.addr,
+            "expires_ms": lease.expires_ms,
+            "peer_protocol": lease.peer_protocol,
+            "generation": lease.generation,
+            "load": lease.load,
+            "nonce": secrets.token_hex(8),
+        }
+    )
 
 
 def _decode_lease(key: str, body: bytes) -> NodeLease:
@@ -99,7 +75,7 @@ class LeaseStore:
     def cas_node_lease(self, guard: Guard, lease: NodeLease) -> CasResult:
         if lease.node != self.node:
             raise ValueError(f"lease for {lease.node!r} written by node {self.node!r}")
-        return self.bucket.put_cas(keys.lease_key(self.node), lease.to_json(), guard)
+        return self.bucket.put_cas(keys.lease_key(self.node), encode_lease(lease), guard)
 
     def read_capacity_peers(self, at_ms: int | None = None) -> list[NodeLease]:
         """Live peers speaking our peer protocol, self excluded.

@@ -6,23 +6,11 @@ The epoch only grows, so the body never repeats and a stale ETag cannot match ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from cellactors.core.types import OwnerRecord
 from cellactors.persistence import keys, records
 from cellactors.persistence.bucket import Bucket, CasResult, Guard, Match, Rejected
 
-
-@dataclass(frozen=True)
-class OwnerRecord:
-    """An ownership record as read, with the token guarding its next overwrite."""
-
-    node: str
-    epoch: int
-    token: str
-
-    @property
-    def released(self) -> bool:
-        return self.node == ""
+__all__ = ["OwnerRecord", "OwnershipStore"]
 
 
 class OwnershipStore:

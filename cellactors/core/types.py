@@ -1,0 +1,89 @@
+"""The protocol's types: guards and results of conditional writes, and the records the
+fleet keeps in the bucket (ownership, node leases).
+
+They live in the pure core so that decisions can be written and tested without any store;
+:mod:`cellactors.persistence` encodes them to bytes and re-exports them for convenience.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The peer protocol this version of the node speaks (recorded in every lease).
+PEER_PROTOCOL = 1
+
+
+@dataclass(frozen=True)
+class Absent:
+    """Guard: write only if the key does not exist (create)."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """Guard: write only if the object's token (S3 ETag, GCS generation) is still ``token``."""
+
+    token: str
+
+
+Guard = Absent | Match
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The conditional write committed; ``token`` identifies the new version.
+
+    ``server_ms`` is the store's clock at the write where the dialect can tell it (the
+    ``Date`` header, or the object's creation time), with ``server_resolution_ms`` its
+    precision; the lease uses it to measure this machine's clock offset."""
+
+    token: str
+    server_ms: int | None = field(default=None, compare=False)
+    server_resolution_ms: int = field(default=1000, compare=False)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The precondition failed: the object was not written."""
+
+    reason: str = ""
+
+
+CasResult = Applied | Rejected
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    """An ownership record (``own.json``) as read, with the token guarding its next overwrite."""
+
+    node: str
+    epoch: int
+    token: str
+
+    @property
+    def released(self) -> bool:
+        return self.node == ""
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    """One node's lease record (``nodes/<node>.json``)."""
+
+    node: str
+    addr: str
+    expires_ms: int
+    generation: str
+    peer_protocol: int = PEER_PROTOCOL
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def is_live(self, at_ms: int) -> bool:
+        """Live: not expired by the reader's clock and reachable."""
+        return self.expires_ms > at_ms and bool(self.addr)
+
+
+@dataclass(frozen=True)
+class LeaseSnapshot:
+    """A lease as read, with the token guarding its next renewal."""
+
+    lease: NodeLease
+    token: str
