@@ -25,7 +25,7 @@ from cellactors.actors.lease import FenceDeadline, LeaseActor
 from cellactors.actors.messages import Invoke
 from cellactors.actors.metrics import NodeMetrics
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
-from cellactors.actors.replicator import SnapshotPolicy
+from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import acquire
 from cellactors.errors import (
     ActivationFailed,
@@ -395,6 +395,7 @@ class Node:
         for host in hosts:
             if host.active is not None:
                 host.active.runtime.channel.fail(error)
+                host.active.snapshots.cancel()
                 host.active.cell.stop(block=False)
                 host.active.replicator.stop(block=False)
             if host.ownership is not None:

@@ -19,7 +19,8 @@ import pykka
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, Open
-from cellactors.actors.replicator import Replicator, SnapshotPolicy
+from cellactors.actors.replicator import Replicator, owner_still
+from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.core import acquire as acq
 from cellactors.errors import (
     ActivationFailed,
@@ -48,6 +49,7 @@ class LocalCopy:
     last_txid: int
     path: Path
     identity: tuple[int, int, int]
+    chain: ChainState
 
 
 def file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -66,6 +68,7 @@ class Active:
     cell: pykka.ActorRef[Any]
     replicator: pykka.ActorRef[Any]
     runtime: CellRuntime
+    snapshots: SnapshotWorker
     restored_from: str  # "bucket" or "local"
 
 
@@ -167,14 +170,14 @@ class OwnershipActor(pykka.ThreadingActor):
                 create_seal(self.bucket, self.cell_id, local.epoch, local.last_txid, epoch)
                 local.path.replace(path)
                 database = CellDatabase(path)
-                last_txid, source = local.last_txid, "local"
+                last_txid, source, chain = local.last_txid, "local", local.chain
             except (CellactorsError, OSError) as err:
                 log.info("local copy of %s not reused: %s", self.cell_id, err)
                 remove_db_files(path)
         if local is not None:
             remove_db_files(local.path)
         if database is None:
-            database, last_txid = self._restore_from_bucket(path, epoch)
+            database, last_txid, chain = self._restore_from_bucket(path, epoch)
         channel = ReplicaChannel(last_txid)
         runtime = CellRuntime(
             cell_id=self.cell_id,
@@ -184,6 +187,7 @@ class OwnershipActor(pykka.ThreadingActor):
             channel=channel,
             next_txid=last_txid + 1,
         )
+        worker = SnapshotWorker(self.cell_id, epoch, self.bucket, lambda: self._owns(epoch))
         replicator = Replicator.start(
             self.cell_id,
             epoch,
@@ -193,6 +197,8 @@ class OwnershipActor(pykka.ThreadingActor):
             self.report_failure,
             self.deadline_s,
             self.snapshots,
+            chain,
+            worker,
         )
         channel.on_commit = lambda: replicator.tell(Kick())
         cell = self.cls.start()
@@ -206,10 +212,17 @@ class OwnershipActor(pykka.ThreadingActor):
             if isinstance(err, CellactorsError):
                 raise ActivationFailed(f"activation of {self.cell_id} failed: {err}") from err
             raise
-        self.active = Active(epoch, cell, replicator, runtime, source)
+        self.active = Active(epoch, cell, replicator, runtime, worker, source)
         return self.active
 
-    def _restore_from_bucket(self, path: Path, epoch: int) -> tuple[CellDatabase, int]:
+    def _owns(self, epoch: int) -> bool:
+        """A fresh read of ``own.json`` still names this node at ``epoch``."""
+        record = self.ownership.read_owner(self.cell_id)
+        return record is not None and owner_still(
+            record.node, record.epoch, self.ownership.node, epoch
+        )
+
+    def _restore_from_bucket(self, path: Path, epoch: int) -> tuple[CellDatabase, int, ChainState]:
         database = CellDatabase(path)
         try:
             result = restore(self.bucket, self.cell_id, epoch, database)
@@ -218,7 +231,12 @@ class OwnershipActor(pykka.ThreadingActor):
             if isinstance(err, (BucketError, CellactorsError)):
                 raise ActivationFailed(f"restore of {self.cell_id} failed: {err}") from err
             raise
-        return database, result.last_txid
+        chain = ChainState(
+            snapshot_txid=result.snapshot[1] if result.snapshot else 0,
+            since_txids=result.since_txids,
+            since_bytes=result.since_bytes,
+        )
+        return database, result.last_txid, chain
 
     # --- release ----------------------------------------------------------------------
 
@@ -237,17 +255,24 @@ class OwnershipActor(pykka.ThreadingActor):
             # ownership (peers take over when the lease goes), and drop the file.
             log.warning("cell %s did not stop within %gs; not releasing", self.cell_id, timeout)
             channel.fail(NotDurable(f"{self.cell_id} was stopped while a call was running"))
+            active.snapshots.cancel()
             active.replicator.stop(block=False)
             return None
         clean = False
+        chain = ChainState()
         try:
             flush = Flush()
             active.replicator.tell(flush)
             clean = bool(flush.done.get(timeout=timeout))
+            chain = active.replicator.proxy().chain.get(timeout=timeout)
         except (pykka.Timeout, pykka.ActorDeadError):
             clean = False
         active.replicator.stop(block=False)
         clean = clean and channel.idle() and channel.failed is None
+        # Snapshot work is owner work: it ends (or is cancelled) before own.json is released.
+        if not active.snapshots.finish(timeout):
+            active.runtime.database.discard()
+            return None
         try:
             released = self.ownership.release_owner(self.cell_id, active.epoch)
         except (BucketError, AmbiguousWrite) as err:
@@ -261,7 +286,7 @@ class OwnershipActor(pykka.ThreadingActor):
         if not clean or identity is None:
             database.discard()
             return None
-        return LocalCopy(active.epoch, channel.acked, database.path, identity)
+        return LocalCopy(active.epoch, channel.acked, database.path, identity, chain)
 
     def abandon(self, error: BaseException) -> None:
         """Stop without releasing (fence or reset): fail held calls, drop the local copy."""
@@ -270,5 +295,6 @@ class OwnershipActor(pykka.ThreadingActor):
         if active is None:
             return
         active.runtime.channel.fail(error)
+        active.snapshots.cancel()
         active.cell.stop(block=False)
         active.replicator.stop(block=False)

@@ -14,35 +14,26 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import pykka
 
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, TakeImage
+from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.errors import BucketError, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import collect_garbage, encode_snapshot
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
 
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
 _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
-# Snapshot uploads and garbage collection, which never hold an answer back.
-_background = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot")
-
-
-@dataclass
-class SnapshotPolicy:
-    """Write a snapshot when the chain since the last one is long (txids or bytes)."""
-
-    every_txids: int = 1000
-    every_bytes: int = 64 * 1024 * 1024
 
 
 def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoch: int) -> bool:
@@ -65,7 +56,8 @@ class Replicator(pykka.ThreadingActor):
         report_failure: Callable[[BaseException], None],
         deadline_s: float = 15.0,
         snapshots: SnapshotPolicy | None = None,
-        snapshot_base: int = 0,
+        chain: ChainState | None = None,
+        worker: SnapshotWorker | None = None,
     ) -> None:
         super().__init__()
         self.cell_id = cell_id
@@ -77,11 +69,9 @@ class Replicator(pykka.ThreadingActor):
         self.deadline_s = deadline_s
         self.policy = snapshots or SnapshotPolicy()
         self.cell_ref: pykka.ActorRef[Any] | None = None
-        self._since_snapshot_txids = 0
-        self._since_snapshot_bytes = 0
-        self._snapshot_base = snapshot_base
+        self.chain = chain or ChainState()
+        self.worker = worker or SnapshotWorker(cell_id, epoch, bucket, self.owns)
         self._pending_snapshot: tuple[int, bytes] | None = None
-        self.snapshot_job: concurrent.futures.Future[None] | None = None
         self.linger_s = 0.005
 
     def on_receive(self, message: Any) -> Any:
@@ -118,8 +108,8 @@ class Replicator(pykka.ThreadingActor):
             self.report_failure(err)
             return
         self.channel.ack(txns[-1].txid)
-        self._since_snapshot_txids += len(txns)
-        self._since_snapshot_bytes += size
+        self.chain.since_txids += len(txns)
+        self.chain.since_bytes += size
         self._maybe_snapshot()
 
     def _linger(self) -> None:
@@ -170,14 +160,20 @@ class Replicator(pykka.ThreadingActor):
                 time.sleep(delay)  # backoff between retries of a failing store request
                 delay = min(delay * 2, 1.0)
 
+    def owns(self) -> bool:
+        """A fresh read of ``own.json`` still names this activation (snapshot GC asks)."""
+        record = self.ownership.read_owner(self.cell_id)
+        return record is not None and owner_still(
+            record.node, record.epoch, self.ownership.node, self.epoch
+        )
+
     def _maybe_snapshot(self) -> None:
+        """Ask the cell for an image when the chain is long; upload it (off the ack path)
+        once its txid is acknowledged, one snapshot at a time."""
         if (
             self._pending_snapshot is None
             and self.cell_ref is not None
-            and (
-                self._since_snapshot_txids >= self.policy.every_txids
-                or self._since_snapshot_bytes >= self.policy.every_bytes
-            )
+            and self.policy.due(self.chain.since_txids, self.chain.since_bytes)
         ):
             try:
                 self._pending_snapshot = cast(
@@ -185,26 +181,19 @@ class Replicator(pykka.ThreadingActor):
                 )
             except (pykka.ActorDeadError, pykka.Timeout):
                 return
-            self._since_snapshot_txids = self._since_snapshot_bytes = 0
         if self._pending_snapshot is None:
             return
         txid, image = self._pending_snapshot
-        if txid > self.channel.acked or txid <= self._snapshot_base:
+        if txid <= self.chain.snapshot_txid:
+            self._pending_snapshot = None
+            return
+        if txid > self.channel.acked:
             return  # only acknowledged state may be snapshotted; wait for the ack
-        if self.snapshot_job is not None and not self.snapshot_job.done():
+        if not self.worker.submit(txid, image):
             return  # one snapshot at a time; this one waits for the next ack
         self._pending_snapshot = None
-        self._snapshot_base = txid
-        # Off the acknowledgement path: a large upload and the collection must not hold
-        # answers back.
-        self.snapshot_job = _background.submit(self._write_snapshot, txid, image)
-
-    def _write_snapshot(self, txid: int, image: bytes) -> None:
-        try:
-            self.bucket.put(
-                keys.snapshot_key(self.cell_id, txid, self.epoch),
-                encode_snapshot(self.cell_id, self.epoch, txid, image),
-            )
-            collect_garbage(self.bucket, self.cell_id, self.epoch, txid)
-        except BucketError as err:  # a snapshot is an optimisation; the chain is intact
-            log.warning("cell %s: snapshot at txid %d failed: %s", self.cell_id, txid, err)
+        self.chain = ChainState(
+            snapshot_txid=txid,
+            since_txids=self.channel.acked - txid,
+            since_bytes=0,
+        )

@@ -9,6 +9,8 @@ in :mod:`cellactors.persistence.restore` reads and writes accordingly.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 _SEAL = re.compile(r"^e([0-9]+)\.seal\.json$")
@@ -114,3 +116,145 @@ def epochs_to_restore(listing: Listing, from_epoch: int, current: int) -> list[i
 def needs_seal_read(listing: Listing, epoch: int, after: int) -> bool:
     """A sealed epoch's seal only matters when it has batches beyond ``after``."""
     return any(ref.last > after for ref in listing.batches.get(epoch, []))
+
+
+# --- the whole plan ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    """A listed snapshot: the state through ``txid``, written by the owner at ``epoch``."""
+
+    txid: int
+    epoch: int
+    key: str
+
+
+@dataclass(frozen=True)
+class NeedSeal:
+    """Read the seal of ``epoch`` (its ``max_txid``) and plan again."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Hole:
+    """The listing proves history that the objects listed cannot rebuild: something was
+    deleted or is missing. Never restore around it: list again, and fail if it stays."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Start from ``snapshot`` (or an empty database), then run ``steps`` in order."""
+
+    snapshot: SnapshotRef | None
+    steps: tuple[EpochStep, ...]
+
+    @property
+    def last_txid(self) -> int:
+        base = self.snapshot.txid if self.snapshot else 0
+        return max([base, *(step.upto for step in self.steps)])
+
+    @property
+    def reads(self) -> tuple[BatchRef, ...]:
+        return tuple(ref for step in self.steps for ref in step.reads)
+
+    @property
+    def seals(self) -> tuple[EpochStep, ...]:
+        """The epochs this restore must seal, ascending."""
+        return tuple(step for step in self.steps if step.seal)
+
+
+PlanResult = Plan | NeedSeal | Hole
+
+
+def choose_snapshot(
+    listing: Listing, current: int, seals: Mapping[int, int], unusable: AbstractSet[str]
+) -> SnapshotRef | NeedSeal | None:
+    """The newest snapshot an earlier owner wrote that stands for acknowledged state.
+
+    A snapshot whose txid exceeds the seal of its own epoch is a fenced owner's late one and
+    is skipped; ``unusable`` names snapshots the executor found corrupt."""
+    for txid, epoch, key in listing.snapshots:
+        if epoch >= current or key in unusable:
+            continue
+        if epoch in listing.seals:
+            if epoch not in seals:
+                return NeedSeal(epoch)
+            if txid > seals[epoch]:
+                continue
+        return SnapshotRef(txid, epoch, key)
+    return None
+
+
+def proven_txid(listing: Listing, current: int, seals: Mapping[int, int]) -> int:
+    """The highest txid that the listing proves is part of the durable history: a snapshot
+    at txid s proves s (unless it lies beyond its own epoch's seal); the owner of an epoch
+    wrote its first batch only after restoring everything before it."""
+    proven = 0
+    for txid, epoch, _key in listing.snapshots:
+        if epoch < current and not (epoch in seals and txid > seals[epoch]):
+            proven = max(proven, txid)
+    for epoch, refs in listing.batches.items():
+        if epoch < current and refs:
+            proven = max(proven, min(ref.first for ref in refs) - 1)
+    return proven
+
+
+def plan_restore(
+    listing: Listing,
+    current: int,
+    seals: Mapping[int, int],
+    unusable: AbstractSet[str] = frozenset(),
+) -> PlanResult:
+    """Plan the restore of a cell acquired at epoch ``current`` from one listing.
+
+    ``seals`` holds the ``max_txid`` of every seal read so far; the result asks for the next
+    one it needs (:class:`NeedSeal`) until it can plan. The plan never seals an epoch below
+    a txid the listing proves was acknowledged: a gap at the start or in the middle of an
+    epoch's chain, or a chain that ends below its seal or below what a later epoch or a
+    snapshot proves, is a :class:`Hole`, never an unacknowledged tail. Only the end of an
+    unsealed epoch's chain can be an unacknowledged tail, and it is sealed in whole.
+    """
+    snap = choose_snapshot(listing, current, seals, unusable)
+    if isinstance(snap, NeedSeal):
+        return snap
+    pos = snap.txid if snap else 0
+    steps: list[EpochStep] = []
+    for epoch in epochs_to_restore(listing, snap.epoch if snap else 1, current):
+        refs = listing.batches.get(epoch, [])
+        if refs and min(ref.first for ref in refs) - 1 > pos:
+            return Hole(
+                f"epoch {epoch}'s batches start at txid {min(r.first for r in refs)}, but the "
+                f"history before it ends at txid {pos}: batch objects are missing"
+            )
+        if epoch in listing.seals:
+            if not needs_seal_read(listing, epoch, pos):
+                continue
+            if epoch not in seals:
+                return NeedSeal(epoch)
+            step = plan_epoch(listing, epoch, pos, seals[epoch])
+            if step.upto < seals[epoch]:
+                return Hole(
+                    f"epoch {epoch} is sealed at txid {seals[epoch]} but its batches end at "
+                    f"txid {step.upto}: batch objects are missing"
+                )
+        else:
+            step = plan_epoch(listing, epoch, pos, None)
+            beyond = [ref for ref in refs if ref.first > step.upto + 1]
+            if beyond:
+                return Hole(
+                    f"epoch {epoch}'s chain breaks after txid {step.upto} (a batch starts at "
+                    f"txid {min(r.first for r in beyond)}): batch objects are missing"
+                )
+        steps.append(step)
+        pos = step.upto
+    proven = proven_txid(listing, current, seals)
+    if proven > pos:
+        return Hole(
+            f"the bucket proves txid {proven} was acknowledged but the objects listed "
+            f"rebuild only through txid {pos}"
+        )
+    return Plan(snap, tuple(steps))

@@ -7,6 +7,10 @@ fails the activation (the next one will find the seal).
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +25,8 @@ from cellactors.persistence.celldb import CellDatabase
 
 SNAPSHOT_VERSION = 1
 
+log = logging.getLogger(__name__)
+
 
 class SealLost(CellactorsError):
     """Another activation sealed the epoch first; this activation must fail."""
@@ -34,6 +40,12 @@ class RestoreResult:
     snapshot: tuple[int, int] | None = None  # (epoch, txid) of the snapshot used
     sealed: list[int] = field(default_factory=list)
     batches_read: int = 0
+    since_bytes: int = 0  # bytes of batches applied on top of the snapshot
+
+    @property
+    def since_txids(self) -> int:
+        """Transactions applied on top of the snapshot (the chain a next snapshot bounds)."""
+        return self.last_txid - (self.snapshot[1] if self.snapshot else 0)
 
 
 def seal_body(epoch: int, max_txid: int, sealed_by: int) -> bytes:
@@ -86,75 +98,160 @@ def decode_snapshot(key: str, body: bytes) -> tuple[int, int, bytes]:
         raise BucketError(f"{key} is not a valid snapshot: {err}") from err
 
 
+class RestoreHole(CellactorsError):
+    """The bucket proves history that its objects cannot rebuild (objects were listed and
+    then vanished, or are missing), and listing again did not help. The activation fails
+    rather than restore around the hole."""
+
+
+class _Relist(Exception):
+    """Something listed is gone, or the plan found a hole: list again."""
+
+
+MAX_LISTINGS = 4
+FETCH_WORKERS = 8
+_fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="restore")
+
+
+def _get(bucket: Bucket, key: str) -> bytes:
+    obj = bucket.get(key)
+    if obj is None:
+        raise _Relist(f"{key} was listed and then vanished")
+    return obj.body
+
+
+def _plan_and_fetch(
+    bucket: Bucket, cell_id: str, epoch: int, listing: restore_plan.Listing
+) -> tuple[restore_plan.Plan, bytes | None, list[bytes]]:
+    """Plan from one listing (reading the seals it asks for), then fetch the snapshot and
+    every batch the plan reads, in parallel. Raises :class:`_Relist` when an object is gone
+    or the plan finds a hole."""
+    seals: dict[int, int] = {}
+    unusable: set[str] = set()
+    while True:
+        planned = restore_plan.plan_restore(listing, epoch, seals, unusable)
+        if isinstance(planned, restore_plan.NeedSeal):
+            value = read_seal(bucket, cell_id, planned.epoch)
+            if value is None:
+                raise _Relist(f"the seal of epoch {planned.epoch} was listed and then vanished")
+            seals[planned.epoch] = value
+            continue
+        if isinstance(planned, restore_plan.Hole):
+            raise _Relist(planned.reason)
+        image: bytes | None = None
+        if planned.snapshot is not None:
+            snap = planned.snapshot
+            body = _get(bucket, snap.key)
+            try:
+                snap_epoch, txid, image = decode_snapshot(snap.key, body)
+            except BucketError as err:
+                log.warning("skipping snapshot %s: %s", snap.key, err)
+                unusable.add(snap.key)
+                continue
+            if (snap_epoch, txid) != (snap.epoch, snap.txid):
+                log.warning(
+                    "skipping snapshot %s: it holds epoch %d txid %d", snap.key, *(snap_epoch, txid)
+                )
+                unusable.add(snap.key)
+                continue
+        futures = [_fetches.submit(_get, bucket, ref.key) for ref in planned.reads]
+        return planned, image, [f.result() for f in futures]
+
+
 def restore(
     bucket: Bucket, cell_id: str, epoch: int, db: CellDatabase, *, seal: bool = True
 ) -> RestoreResult:
     """Rebuild ``db`` (expected empty) as of every sealed transaction below ``epoch``, sealing
     each unsealed epoch on the way.
 
+    An object that was listed and then found missing, or a listing that proves more history
+    than its objects rebuild, is never restored around: the cell is listed again (a few
+    times, with a short backoff: a garbage collection racing this restore finishes and its
+    snapshot becomes visible), and otherwise :class:`RestoreHole` fails the activation.
+
     ``seal=False`` is the read-only form for operators (``cellactors restore``): it writes
     nothing, follows unsealed epochs' chains, and so may include writes that were uploaded
     but never acknowledged.
     """
     root = keys.cell_root(cell_id)
-    listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
+    problem = ""
+    for attempt in range(MAX_LISTINGS):
+        if attempt:
+            log.info("restore of %s: %s; listing again", cell_id, problem)
+            time.sleep(0.1 * 2**attempt)
+        infos = list(bucket.list(root))
+        listing = restore_plan.parse_listing(root, [info.key for info in infos])
+        try:
+            plan, image, bodies = _plan_and_fetch(bucket, cell_id, epoch, listing)
+        except _Relist as err:
+            problem = str(err)
+            continue
+        result = _apply(plan, image, bodies, db)
+        sizes = {info.key: info.size for info in infos}
+        result.since_bytes = sum(sizes.get(ref.key, 0) for ref in plan.reads)
+        if seal:
+            for step in plan.seals:
+                create_seal(bucket, cell_id, step.epoch, step.upto, epoch)
+                result.sealed.append(step.epoch)
+        return result
+    raise RestoreHole(
+        f"restore of {cell_id} at epoch {epoch} failed after {MAX_LISTINGS} listings: {problem}"
+    )
+
+
+def _apply(
+    plan: restore_plan.Plan, image: bytes | None, bodies: list[bytes], db: CellDatabase
+) -> RestoreResult:
     result = RestoreResult(last_txid=0)
-    start_epoch = 1
-    for snap_txid, key_epoch, snap_key in listing.snapshots:
-        if key_epoch >= epoch:
-            continue  # not written by an earlier owner: unusable
-        obj = bucket.get(snap_key)
-        if obj is None:
-            continue
-        snap_epoch, txid, image = decode_snapshot(snap_key, obj.body)
-        if snap_epoch != key_epoch or txid != snap_txid:
-            continue
-        if snap_epoch in listing.seals:
-            sealed_max = read_seal(bucket, cell_id, snap_epoch)
-            if sealed_max is not None and txid > sealed_max:
-                continue  # a fenced owner's late snapshot: not acknowledged state
+    if plan.snapshot is not None and image is not None:
         db.load_image(image)
-        start_epoch, result.last_txid, result.snapshot = snap_epoch, txid, (snap_epoch, txid)
-        break
-    for e in restore_plan.epochs_to_restore(listing, start_epoch, epoch):
-        seal_max: int | None = None
-        if e in listing.seals:
-            if not restore_plan.needs_seal_read(listing, e, result.last_txid):
-                continue
-            seal_max = read_seal(bucket, cell_id, e)
-            if seal_max is None:
-                raise BucketError(f"seal of epoch {e} of {cell_id} vanished during restore")
-        step = restore_plan.plan_epoch(listing, e, result.last_txid, seal_max)
-        if seal_max is not None and step.upto < seal_max:
-            raise BucketError(
-                f"epoch {e} of {cell_id} is sealed at txid {seal_max} but its batches end at "
-                f"txid {step.upto}: batch objects are missing from the bucket"
-            )
+        result.last_txid = plan.snapshot.txid
+        result.snapshot = (plan.snapshot.epoch, plan.snapshot.txid)
+    bodies_left = iter(bodies)
+    for step in plan.steps:
         for ref in step.reads:
-            obj = bucket.get(ref.key)
-            if obj is None:
-                raise BucketError(f"{ref.key} vanished during restore")
+            body = next(bodies_left)
             result.batches_read += 1
-            for txn in decode_batch(ref.key, obj.body).txns:
+            for txn in decode_batch(ref.key, body).txns:
                 if result.last_txid < txn.txid <= step.upto:
                     if txn.txid != result.last_txid + 1:
                         raise BucketError(f"{ref.key}: txid {txn.txid} out of order")
                     db.apply(txn)
                     result.last_txid = txn.txid
-        if step.seal and seal:
-            create_seal(bucket, cell_id, e, result.last_txid, epoch)
-            result.sealed.append(e)
+        if result.last_txid != step.upto:
+            raise BucketError(
+                f"epoch {step.epoch}: batches rebuilt txid {result.last_txid}, not {step.upto}"
+            )
     return result
 
 
-def collect_garbage(bucket: Bucket, cell_id: str, snap_epoch: int, snap_txid: int) -> int:
+def collect_garbage(
+    bucket: Bucket,
+    cell_id: str,
+    snap_epoch: int,
+    snap_txid: int,
+    *,
+    owns: Callable[[], bool],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> int:
     """Delete what a valid snapshot at (``snap_epoch``, ``snap_txid``) covers: batches and
-    seals of epochs below ``snap_epoch`` and older snapshots. Returns objects deleted."""
+    seals of epochs below ``snap_epoch`` and older snapshots. Returns objects deleted.
+
+    Owner work: ``owns()`` (a fresh read of ``own.json``) must confirm the snapshot's
+    activation still owns the cell before anything is deleted, and ``cancelled()`` is checked
+    before every delete. A restore racing the collection finds a listed object gone and lists
+    again, which shows the snapshot (written before the collection began)."""
     root = keys.cell_root(cell_id)
     listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
     doomed = [ref.key for e, refs in listing.batches.items() if e < snap_epoch for ref in refs]
     doomed += [keys.seal_key(cell_id, e) for e in listing.seals if e < snap_epoch]
     doomed += [key for txid, _epoch, key in listing.snapshots if txid < snap_txid]
+    if not doomed or cancelled() or not owns():
+        return 0
+    deleted = 0
     for key in doomed:
+        if cancelled():
+            break
         bucket.delete(key)
-    return len(doomed)
+        deleted += 1
+    return deleted
