@@ -38,6 +38,7 @@ from cellactors.errors import (
 )
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.ownership import OwnershipStore
@@ -73,12 +74,14 @@ class Node:
         self.settings = settings or NodeSettings()
         self.node_id = keys.validate_node_id(node_id)
         self.generation = secrets.token_hex(8)
-        self.bucket = MeteredBucket(bucket)
+        self.bucket = MeteredBucket(bucket)  # counts the requests really sent
+        # Everything of this node reaches the bucket through the gate a fence closes.
+        self.gate = GatedBucket(self.bucket)
         self.classes: dict[str, type[CellActor]] = {}
         for cls in classes:
             self.register(cls)
-        self.ownership = OwnershipStore(self.bucket, self.node_id)
-        self.leases = LeaseStore(self.bucket, self.node_id, self.settings.lease_ttl)
+        self.ownership = OwnershipStore(self.gate, self.node_id)
+        self.leases = LeaseStore(self.gate, self.node_id, self.settings.lease_ttl)
         self.metrics = NodeMetrics(self.bucket)
         self.status = "starting"
         self.fence_reason: str | None = None
@@ -191,6 +194,12 @@ class Node:
             delivered, result = self._await(invoke, active, deadline)
             if not delivered:
                 continue  # the cell stopped before it took the call: it ran nowhere
+            if not self.may_answer():
+                # Checked right before the answer leaves: a node that fenced (or whose lease
+                # deadline passed) while the answer was held answers nothing.
+                raise NotDurable(
+                    f"node {self.node_id} fenced itself before the answer could be sent"
+                )
             self.metrics.acks.observe(time.monotonic() - started)
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
@@ -239,7 +248,7 @@ class Node:
         own = OwnershipActor.start(
             cell_id,
             host.cls,
-            self.bucket,
+            self.gate,
             self.ownership,
             self.leases,
             self.cells_dir,
@@ -382,6 +391,8 @@ class Node:
         with self._lock:
             if self.status in ("fenced", "stopped"):
                 return
+            # Close the gate first: from the SELF-FENCE line on, nothing reaches the bucket.
+            self.gate.close_gate(reason)
             self.status = "fenced"
             self.fence_reason = reason
             hosts = list(self._hosts.values())
@@ -391,7 +402,10 @@ class Node:
             self.lease.proxy().pause()  # a fenced node writes nothing more, not even its lease
         except pykka.ActorDeadError:
             pass
-        error = NodeUnavailable(f"node {self.node_id} fenced itself: {reason}")
+        # Held answers may belong to writes that are durable already: their outcome is unknown.
+        error = NotDurable(
+            f"node {self.node_id} fenced itself with this call's answer held: {reason}"
+        )
         for host in hosts:
             if host.active is not None:
                 host.active.runtime.channel.fail(error)
@@ -442,7 +456,9 @@ class Node:
             self.drain()
         self._reaper_stop.set()
         try:
-            self.lease.stop(block=True, timeout=5)
+            # A fenced node does not wait for a lease request that may hang: it writes nothing
+            # more anyway, and its process must exit promptly.
+            self.lease.stop(block=self.status != "fenced", timeout=5)
         except pykka.Timeout:
             pass
         if self.status != "fenced":

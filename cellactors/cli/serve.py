@@ -319,7 +319,18 @@ def serve(
     )
     store = _StoreOptions(bucket_spec, endpoint, region, access_key_id, secret_access_key)
     code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir)
+    if code == EXIT_FENCED:
+        _exit_now(code)
     sys.exit(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit without joining worker threads: a fenced node abandons requests that hang
+    (an upload retrying, a lease write) instead of waiting for them at interpreter exit."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,16 @@ def plan_restore(
                     f"txid {step.upto}: batch objects are missing"
                 )
         else:
+            later = [
+                e for e in range(epoch + 1, current) if e in listing.seals or e in listing.batches
+            ]
+            if later:
+                # Restorers seal epochs in ascending order before an epoch is written to, so
+                # an unsealed epoch below a written or sealed one lost its seal.
+                return Hole(
+                    f"epoch {epoch} is unsealed though epoch {later[0]} was sealed or written "
+                    "after it: its seal is missing"
+                )
             step = plan_epoch(listing, epoch, pos, None)
             beyond = [ref for ref in refs if ref.first > step.upto + 1]
             if beyond:

@@ -34,7 +34,7 @@ EXIT_ERROR = 1
 EXIT_FENCED = 3
 FENCED = "fenced"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-FENCE_GRACE_SECONDS = 5.0
+FENCE_GRACE_SECONDS = 2.0  # the process must exit within 5 s of a fence
 
 
 class FenceLatch:
