@@ -8,7 +8,9 @@ monotonic clock, so a renewal stuck in a slow request cannot postpone the fence.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +19,8 @@ from typing import Any
 import pykka
 
 from cellactors.core import lease_rules
-from cellactors.errors import AmbiguousWrite, BucketError
-from cellactors.persistence.bucket import Applied, Match
+from cellactors.errors import BucketError, ConfigError
+from cellactors.persistence.bucket import Applied, CasResult, Guard, Match
 from cellactors.persistence.leases import LeaseStore, NodeLease, now_ms
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ class FenceDeadline:
         return lease_rules.should_fence(self.value, time.monotonic())
 
 
+class ClockSkew(ConfigError):
+    """This machine's clock is off from the store's by more than the allowed bound."""
+
+
 class LeaseActor(pykka.ThreadingActor):
     """Takes, renews and finally expires one node lease."""
 
@@ -49,6 +55,7 @@ class LeaseActor(pykka.ThreadingActor):
         load: Callable[[], dict[str, Any]],
         on_fence: Callable[[str], None],
         shared_deadline: FenceDeadline | None = None,
+        max_skew_s: float | None = None,
     ) -> None:
         super().__init__()
         self.shared_deadline = shared_deadline or FenceDeadline()
@@ -58,11 +65,18 @@ class LeaseActor(pykka.ThreadingActor):
         self.load = load
         self.on_fence = on_fence
         self.ttl = store.ttl_s
+        self.max_skew_ms = int(1000 * (self.ttl / 4 if max_skew_s is None else max_skew_s))
         self.token: str | None = None
+        self.guard: Guard | None = None  # of the next renewal
         self.expires_ms = 0
         self.deadline = 0.0
         self.renewals = 0
+        self.failures = 0  # consecutive failed attempts (backoff)
+        self.next_attempt = float("inf")  # monotonic time of the next renewal
+        self.clock_offset_ms: tuple[int, int] | None = None  # last measured bounds
+        self._attempts: dict[int, float] = {}  # expires_ms -> sent (monotonic), unconfirmed
         self._stopping = threading.Event()
+        self._renewing = threading.Event()
         self._paused = threading.Event()
         self._fenced = False
         self._watchdog: threading.Thread | None = None
@@ -77,11 +91,19 @@ class LeaseActor(pykka.ThreadingActor):
         )
 
     def take(self, give_up_after: float | None = None) -> int:
-        """Take our identity; blocks while another live process holds it. Returns expiry."""
+        """Take our identity; blocks while another live process holds it, and backs off
+        (capped, with jitter) while the store fails. Returns the expiry. Raises
+        :class:`ClockSkew` when this machine's clock is off from the store's."""
         started = time.monotonic()
         announced = False
         while not self._stopping.is_set():
-            current = self.store.read_lease(self.store.node)
+            if give_up_after is not None and time.monotonic() - started > give_up_after:
+                raise BucketError(f"could not take node id {self.store.node} in time")
+            try:
+                current = self.store.read_lease(self.store.node)
+            except BucketError as err:
+                self._back_off(f"reading the lease failed: {err}")
+                continue
             decision = lease_rules.decide_start(current, self.generation, now_ms())
             if isinstance(decision, lease_rules.WaitForExpiry):
                 if not announced:
@@ -93,65 +115,124 @@ class LeaseActor(pykka.ThreadingActor):
                         decision.expires_ms,
                     )
                     announced = True
-                if give_up_after is not None and time.monotonic() - started > give_up_after:
-                    raise BucketError(f"node id {self.store.node} is held by another process")
                 wait = max(0.05, min(1.0, (decision.expires_ms - now_ms()) / 1000 + 0.05))
                 self._stopping.wait(wait)
                 continue
-            if self._write(decision.guard):
+            if self._attempt(decision.guard, starting=True):
                 self._start_watchdog()
                 return self.expires_ms
+            self._back_off("the lease write did not apply")
         raise BucketError("lease actor stopped while taking the identity")
 
-    def _write(self, guard: Any, expires_ms: int | None = None) -> bool:
+    def _back_off(self, why: str) -> None:
+        self.failures += 1
+        delay = lease_rules.retry_delay(self.failures, 2.0, random.random())
+        log.info("taking the lease: %s; next try in %.2fs", why, delay)
+        self._stopping.wait(delay)
+
+    def _attempt(
+        self, guard: Guard, *, starting: bool = False, expires_ms: int | None = None
+    ) -> bool:
+        """One lease write, reconciled by reading the record back when it did not plainly
+        apply. True when a write of ours is now the record (and the deadline moved)."""
         sent = time.monotonic()
-        expires = now_ms() + int(self.ttl * 1000) if expires_ms is None else expires_ms
-        record = self._record(expires)
+        sent_ms = now_ms()
+        expires = sent_ms + int(self.ttl * 1000) if expires_ms is None else expires_ms
+        self._attempts[expires] = sent
         try:
-            result = self.store.cas_node_lease(guard, record)
-        except AmbiguousWrite:
-            back = self.store.read_lease(self.store.node)
-            if (
-                back is None
-                or back.lease.generation != self.generation
-                or back.lease.expires_ms != expires
-            ):
-                return False
-            result = Applied(back.token)
-        if not isinstance(result, Applied):
+            result: CasResult | None = self.store.cas_node_lease(guard, self._record(expires))
+        except BucketError as err:  # ambiguous (5xx, timeout, reset) or a refused request
+            log.warning("lease write of %s failed: %s", self.store.node, err)
+            result = None
+        received_ms = now_ms()
+        if isinstance(result, Applied):
+            self._check_clock(sent_ms, received_ms, result, starting)
+            self._confirm(result.token, sent, expires)
+            return True
+        try:
+            current = self.store.read_lease(self.store.node)
+        except BucketError as err:
+            log.warning("reading back the lease of %s failed: %s", self.store.node, err)
             return False
-        self.token = result.token
-        self.expires_ms = expires
-        self.deadline = lease_rules.fence_deadline(sent, self.ttl)
+        decision = lease_rules.reconcile(current, self.generation, self._attempts)
+        if isinstance(decision, lease_rules.Fence):
+            if not starting:
+                self._fence(f"lease renewal was rejected: {decision.reason}")
+            return False
+        if isinstance(decision, lease_rules.Write):
+            self.guard = decision.guard
+            return False
+        self.guard = Match(decision.token)
+        if decision.sent_mono is None:
+            return False  # an older write of ours: retry at once with the fresh token
+        assert current is not None
+        self._confirm(decision.token, decision.sent_mono, current.lease.expires_ms)
+        return True
+
+    def _confirm(self, token: str, sent_mono: float, expires_ms: int) -> None:
+        self.token = token
+        self.guard = Match(token)
+        self.expires_ms = expires_ms
+        self._attempts.clear()
+        self.failures = 0
+        self.deadline = max(self.deadline, lease_rules.fence_deadline(sent_mono, self.ttl))
         if not self._paused.is_set():
             self.shared_deadline.value = self.deadline
         self.renewals += 1
-        return True
+
+    def _check_clock(self, sent_ms: int, received_ms: int, result: Applied, starting: bool) -> None:
+        if result.server_ms is None:
+            return
+        bounds = lease_rules.clock_offset_ms(
+            sent_ms, received_ms, result.server_ms, result.server_resolution_ms
+        )
+        self.clock_offset_ms = bounds
+        excess = lease_rules.clock_excess_ms(bounds, self.max_skew_ms)
+        if excess is None:
+            return
+        message = (
+            f"this machine's clock is {excess / 1000:+.1f}s off the store's (local "
+            f"{_iso(received_ms)}, store {_iso(result.server_ms)}), beyond the allowed "
+            f"{self.max_skew_ms / 1000:g}s (--max-clock-skew): lease expiries would be "
+            "misjudged; fix the clock (NTP)"
+        )
+        log.error("%s", message)
+        if starting:
+            raise ClockSkew(message)
+        self._fence(message)
 
     def renew(self) -> bool:
-        """One renewal; a rejection fences the node."""
-        if self._fenced or self.token is None or self._stopping.is_set():
+        """One renewal. Transient failures are retried with backoff until the fence
+        deadline; only a record naming another process generation fences early."""
+        try:
+            return self._renew()
+        finally:
+            self._renewing.clear()
+
+    def _renew(self) -> bool:
+        if self._fenced or self.guard is None or self._stopping.is_set():
             return False
         if lease_rules.should_fence(self.deadline, time.monotonic()):
             # Too late: peers may already consider us dead. Never resurrect the lease.
             self._fence("no lease renewal succeeded within the deadline")
             return False
-        try:
-            ok = self._write(Match(self.token))
-        except BucketError as err:
-            log.warning("lease renewal failed: %s", err)
-            return False
-        if not ok:
-            self._fence("lease renewal was rejected: another process took this node identity")
+        ok = self._attempt(self.guard)
+        interval = lease_rules.renew_interval(self.ttl)
+        if ok:
+            self.next_attempt = time.monotonic() + interval
+        elif not self._fenced:
+            self.failures += 1
+            delay = lease_rules.retry_delay(self.failures, interval / 2, random.random())
+            self.next_attempt = time.monotonic() + delay
         return ok
 
     def expire(self) -> None:
         """Graceful stop: write the lease with ``expires_ms = 0`` so peers need not wait."""
         self._stopping.set()
-        if self.token is None or self._fenced:
+        if self.guard is None or self._fenced:
             return
         try:
-            self._write(Match(self.token), expires_ms=0)
+            self._attempt(self.guard, expires_ms=0)
         except BucketError as err:
             log.warning("could not expire the lease: %s", err)
 
@@ -173,10 +254,9 @@ class LeaseActor(pykka.ThreadingActor):
         if self._watchdog is not None:
             return
         me = self.actor_ref
-        interval = lease_rules.renew_interval(self.ttl)
+        self.next_attempt = time.monotonic() + lease_rules.renew_interval(self.ttl)
 
         def watch() -> None:
-            next_renew = time.monotonic() + interval
             while not self._stopping.wait(0.05):
                 if self._paused.is_set():
                     continue
@@ -186,10 +266,10 @@ class LeaseActor(pykka.ThreadingActor):
                         f"no lease renewal succeeded within the deadline (TTL {self.ttl:g}s)"
                     )
                     return
-                if mono >= next_renew:
-                    next_renew = mono + interval
+                if mono >= self.next_attempt and not self._renewing.is_set():
+                    self._renewing.set()  # one renewal at a time; the deadline watches it
                     try:
-                        me.proxy().renew()  # fire and forget; the deadline watches the result
+                        me.proxy().renew()
                     except pykka.ActorDeadError:
                         return
 
@@ -200,3 +280,9 @@ class LeaseActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._stopping.set()
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+        timespec="milliseconds"
+    )

@@ -55,6 +55,7 @@ class NodeSettings:
     call_timeout: float = 30.0
     idle_timeout: float = 300.0
     max_resident_cells: int = 10_000
+    max_clock_skew: float | None = None  # seconds; None: TTL/4
     advertise: str = ""
     data_dir: Path | None = None
     snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
@@ -107,6 +108,7 @@ class Node:
             self._load,
             self.fence,
             self.deadline,
+            self.settings.max_clock_skew,
         )
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)

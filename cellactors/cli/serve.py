@@ -249,6 +249,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Node lease TTL in seconds; a dead node's cells move after this long.",
 )
 @_option(
+    "--max-clock-skew",
+    default=None,
+    type=click.FloatRange(min=0.0),
+    metavar="SECONDS",
+    help="Largest allowed offset between this machine's clock and the store's (measured "
+    "from its Date header at start and on every lease renewal): beyond it the node refuses "
+    "to start or fences itself [lease TTL / 4].",
+)
+@_option(
     "--max-resident-cells",
     default=10_000,
     show_default=True,
@@ -291,6 +300,7 @@ def serve(
     advertise: str | None,
     data_dir: Path,
     lease_ttl: float,
+    max_clock_skew: float | None,
     max_resident_cells: int,
     idle_timeout: float,
     max_body_bytes: int,
@@ -312,6 +322,7 @@ def serve(
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
     settings = NodeSettings(
         lease_ttl=lease_ttl,
+        max_clock_skew=max_clock_skew,
         idle_timeout=idle_timeout,
         max_resident_cells=max_resident_cells,
         advertise=str(listeners.advertise),

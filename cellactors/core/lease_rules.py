@@ -58,3 +58,76 @@ def fence_deadline(sent_mono: float, ttl_s: float) -> float:
 
 def should_fence(deadline_mono: float, mono: float) -> bool:
     return mono >= deadline_mono
+
+
+# --- reconciling a renewal that did not plainly apply -----------------------------------
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """The record in the bucket is this process's: continue from its token. ``sent_mono`` is
+    when the attempt that wrote it was sent (None when it is an older write of ours): only a
+    known attempt may extend the fence deadline."""
+
+    token: str
+    sent_mono: float | None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Another process holds this node identity now: fence at once."""
+
+    reason: str
+
+
+RenewalDecision = Adopt | Fence | Write
+
+
+def reconcile(
+    current: LeaseSnapshot | None, generation: str, attempts: dict[int, float]
+) -> RenewalDecision:
+    """After a renewal was rejected (412) or its outcome is unknown (5xx, timeout, reset),
+    decide from a fresh read of the lease. ``attempts`` maps the ``expires_ms`` of each
+    write sent since the last confirmed one to its monotonic send time.
+
+    Only a record naming another process generation fences: a 412 caused by our own earlier
+    write that applied unseen (a stale token) is adopted, not mistaken for a takeover."""
+    if current is None:
+        return Write(Absent())
+    if current.lease.generation != generation:
+        return Fence(
+            f"another process (generation {current.lease.generation}) took this node identity"
+        )
+    return Adopt(current.token, attempts.get(current.lease.expires_ms))
+
+
+def retry_delay(failures: int, cap_s: float, jitter: float) -> float:
+    """Capped exponential backoff between failed lease writes: 0.1 s doubling per failure,
+    at most ``cap_s``, scaled by ``jitter`` in [0, 1) to between half and all of it (so a
+    fleet hit by one store outage does not retry in lockstep)."""
+    base = min(cap_s, 0.1 * 2.0 ** min(failures, 16))
+    return float(base * (0.5 + jitter / 2))
+
+
+# --- clocks -------------------------------------------------------------------------------
+
+
+def clock_offset_ms(
+    sent_ms: int, received_ms: int, server_ms: int, resolution_ms: int
+) -> tuple[int, int]:
+    """Bounds (low, high) of this machine's clock minus the store's, from one request sent at
+    local ``sent_ms`` and answered at ``received_ms`` whose server time reads ``server_ms``
+    (truncated to ``resolution_ms``: the HTTP ``Date`` header has whole seconds). The
+    server's true time lay in [server_ms, server_ms + resolution) and was taken between
+    sending and receiving."""
+    return sent_ms - (server_ms + resolution_ms), received_ms - server_ms
+
+
+def clock_excess_ms(bounds: tuple[int, int], max_skew_ms: int) -> int | None:
+    """The offset when it is *certainly* beyond ``max_skew_ms`` (either way), else None."""
+    low, high = bounds
+    if low > max_skew_ms:
+        return low
+    if high < -max_skew_ms:
+        return high
+    return None

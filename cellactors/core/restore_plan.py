@@ -176,7 +176,7 @@ def choose_snapshot(
     """The newest snapshot an earlier owner wrote that stands for acknowledged state.
 
     A snapshot whose txid exceeds the seal of its own epoch is a fenced owner's late one and
-    is skipped; ``unusable`` names snapshots the executor found corrupt."""
+    is skipped; ``unusable`` names objects the executor found corrupt."""
     for txid, epoch, key in listing.snapshots:
         if epoch >= current or key in unusable:
             continue
@@ -211,8 +211,9 @@ def plan_restore(
 ) -> PlanResult:
     """Plan the restore of a cell acquired at epoch ``current`` from one listing.
 
-    ``seals`` holds the ``max_txid`` of every seal read so far; the result asks for the next
-    one it needs (:class:`NeedSeal`) until it can plan. The plan never seals an epoch below
+    ``seals`` holds the ``max_txid`` of every seal read so far, ``unusable`` the keys of
+    snapshots and batches found corrupt; the result asks for the next seal it needs
+    (:class:`NeedSeal`) until it can plan. The plan never seals an epoch below
     a txid the listing proves was acknowledged: a gap at the start or in the middle of an
     epoch's chain, or a chain that ends below its seal or below what a later epoch or a
     snapshot proves, is a :class:`Hole`, never an unacknowledged tail. Only the end of an
@@ -221,6 +222,18 @@ def plan_restore(
     snap = choose_snapshot(listing, current, seals, unusable)
     if isinstance(snap, NeedSeal):
         return snap
+    if unusable:
+        # A torn object (an upload cut off by a crash, kept by the store) is no batch at
+        # all: planning without it drops an unacknowledged tail whole, and turns anything
+        # else into a hole.
+        listing = Listing(
+            batches={
+                e: [ref for ref in refs if ref.key not in unusable]
+                for e, refs in listing.batches.items()
+            },
+            seals=listing.seals,
+            snapshots=listing.snapshots,
+        )
     pos = snap.txid if snap else 0
     steps: list[EpochStep] = []
     for epoch in epochs_to_restore(listing, snap.epoch if snap else 1, current):

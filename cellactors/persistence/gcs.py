@@ -204,7 +204,9 @@ class GcsBucket(Bucket):
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
         except gexc.GoogleAPIError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-        return Applied(_token(key, blob.generation))
+        updated = blob.updated  # the store's clock at the write
+        server_ms = int(updated.timestamp() * 1000) if updated is not None else None
+        return Applied(_token(key, blob.generation), server_ms=server_ms)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         try:

@@ -19,7 +19,7 @@ import msgpack
 from cellactors.core import restore_plan
 from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
-from cellactors.persistence.batches import decode_batch
+from cellactors.persistence.batches import Batch, decode_batch
 from cellactors.persistence.bucket import Absent, Applied, Bucket
 from cellactors.persistence.celldb import CellDatabase
 
@@ -122,7 +122,7 @@ def _get(bucket: Bucket, key: str) -> bytes:
 
 def _plan_and_fetch(
     bucket: Bucket, cell_id: str, epoch: int, listing: restore_plan.Listing
-) -> tuple[restore_plan.Plan, bytes | None, list[bytes]]:
+) -> tuple[restore_plan.Plan, bytes | None, list[Batch]]:
     """Plan from one listing (reading the seals it asks for), then fetch the snapshot and
     every batch the plan reads, in parallel. Raises :class:`_Relist` when an object is gone
     or the plan finds a hole."""
@@ -149,13 +149,20 @@ def _plan_and_fetch(
                 unusable.add(snap.key)
                 continue
             if (snap_epoch, txid) != (snap.epoch, snap.txid):
-                log.warning(
-                    "skipping snapshot %s: it holds epoch %d txid %d", snap.key, *(snap_epoch, txid)
-                )
+                log.warning("skipping snapshot %s: it holds txid %d", snap.key, txid)
                 unusable.add(snap.key)
                 continue
         futures = [_fetches.submit(_get, bucket, ref.key) for ref in planned.reads]
-        return planned, image, [f.result() for f in futures]
+        batches: list[Batch] = []
+        for ref, future in zip(planned.reads, futures, strict=True):
+            try:
+                batches.append(decode_batch(ref.key, future.result()))
+            except BucketError as err:
+                log.warning("restore of %s: planning without %s: %s", cell_id, ref.key, err)
+                unusable.add(ref.key)
+                break
+        else:
+            return planned, image, batches
 
 
 def restore(
@@ -182,11 +189,11 @@ def restore(
         infos = list(bucket.list(root))
         listing = restore_plan.parse_listing(root, [info.key for info in infos])
         try:
-            plan, image, bodies = _plan_and_fetch(bucket, cell_id, epoch, listing)
+            plan, image, batches = _plan_and_fetch(bucket, cell_id, epoch, listing)
         except _Relist as err:
             problem = str(err)
             continue
-        result = _apply(plan, image, bodies, db)
+        result = _apply(plan, image, batches, db)
         sizes = {info.key: info.size for info in infos}
         result.since_bytes = sum(sizes.get(ref.key, 0) for ref in plan.reads)
         if seal:
@@ -200,19 +207,19 @@ def restore(
 
 
 def _apply(
-    plan: restore_plan.Plan, image: bytes | None, bodies: list[bytes], db: CellDatabase
+    plan: restore_plan.Plan, image: bytes | None, batches: list[Batch], db: CellDatabase
 ) -> RestoreResult:
     result = RestoreResult(last_txid=0)
     if plan.snapshot is not None and image is not None:
         db.load_image(image)
         result.last_txid = plan.snapshot.txid
         result.snapshot = (plan.snapshot.epoch, plan.snapshot.txid)
-    bodies_left = iter(bodies)
+    batches_left = iter(batches)
     for step in plan.steps:
         for ref in step.reads:
-            body = next(bodies_left)
+            batch = next(batches_left)
             result.batches_read += 1
-            for txn in decode_batch(ref.key, body).txns:
+            for txn in batch.txns:
                 if result.last_txid < txn.txid <= step.upto:
                     if txn.txid != result.last_txid + 1:
                         raise BucketError(f"{ref.key}: txid {txn.txid} out of order")

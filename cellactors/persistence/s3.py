@@ -7,6 +7,7 @@ PUT that had already committed would come back as a false 412.
 
 from __future__ import annotations
 
+import email.utils
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +92,17 @@ def _status(err: botocore.exceptions.ClientError) -> tuple[int, str]:
 def _is_missing(err: botocore.exceptions.ClientError) -> bool:
     status, code = _status(err)
     return status == 404 or code in _MISSING_CODES
+
+
+def _date_ms(resp: dict[str, Any]) -> int | None:
+    """The store's clock from the response's ``Date`` header (whole seconds), if any."""
+    date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if not date:
+        return None
+    try:
+        return int(email.utils.parsedate_to_datetime(date).timestamp() * 1000)
+    except (TypeError, ValueError):
+        return None
 
 
 def _toggle_quotes(token: str) -> str:
@@ -195,7 +207,7 @@ class S3Bucket(Bucket):
             raise BucketError(f"conditional PUT {key} failed: HTTP {status} {code}") from err
         except botocore.exceptions.BotoCoreError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-        return Applied(str(resp["ETag"]))
+        return Applied(str(resp["ETag"]), server_ms=_date_ms(resp))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self._plain.get_paginator("list_objects_v2")

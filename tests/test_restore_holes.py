@@ -1,0 +1,148 @@
+"""Restore never restores around a hole (the snapshot-GC race of a takeover), on the real
+store: a listing taken before a snapshot landed and before its collection deleted what the
+listing shows is listed again; a torn tail batch is dropped whole; a missing middle batch
+fails the activation instead of sealing below acknowledged writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.persistence import keys
+from cellactors.persistence.bucket import Bucket, ObjectInfo
+from cellactors.persistence.celldb import CellDatabase, dump
+from cellactors.persistence.restore import RestoreHole, read_seal, restore
+from cellactors.persistence.s3 import S3Bucket
+from tests.cells import Counter
+from tests.runtime_helpers import cell_dump, eventually, make_node
+
+CELL = "Counter:a"
+ROOT = keys.cell_root(CELL)
+
+
+class StaleFirstListing(Bucket):
+    """The first listing of the cell answers ``stale`` (what a restorer saw before a
+    snapshot landed and its collection ran); every other request goes to the real bucket."""
+
+    def __init__(self, inner: Bucket, stale: list[ObjectInfo]) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.stale: list[ObjectInfo] | None = stale
+        self.listings = 0
+
+    def get(self, key: str):  # type: ignore[no-untyped-def]
+        return self.inner.get(key)
+
+    def head(self, key: str):  # type: ignore[no-untyped-def]
+        return self.inner.head(key)
+
+    def put(self, key: str, body: bytes) -> str:
+        return self.inner.put(key, body)
+
+    def put_cas(self, key, body, guard):  # type: ignore[no-untyped-def]
+        return self.inner.put_cas(key, body, guard)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self.listings += 1
+        if self.stale is not None and prefix == ROOT:
+            stale, self.stale = self.stale, None
+            return iter(stale)
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+
+def listing(bucket: Bucket) -> list[ObjectInfo]:
+    return list(bucket.list(ROOT))
+
+
+def two_epochs_with_snapshots(bucket: S3Bucket) -> tuple[list[ObjectInfo], dict[str, object]]:
+    """Epoch 1 writes and snapshots; epoch 2 (another node) writes, snapshots and collects
+    epoch 1 and its snapshot. Returns the listing as it stood before epoch 2's snapshot
+    landed (epoch 1's objects and epoch 2's batches) and the acknowledged state."""
+    policy = SnapshotPolicy(every_txids=4)
+    a = make_node(bucket, "na", snapshots=policy)
+    try:
+        for _ in range(6):
+            a.cell(Counter, "a").increment("x")
+        eventually(lambda: any("/snap/" in i.key for i in listing(bucket)), timeout=10)
+        a.drain()
+    finally:
+        a.stop()
+    before_second = {i.key: i for i in listing(bucket)}
+    b = make_node(bucket, "nb", snapshots=policy)
+    try:
+        for _ in range(6):
+            b.cell(Counter, "a").increment("x")
+
+        def collected() -> bool:
+            now = [i.key for i in listing(bucket)]
+            return any(".e2.snap" in k for k in now) and not any("/e1/" in k for k in now)
+
+        eventually(collected, timeout=10)
+        state = cell_dump(b, CELL)
+        e2_batches = [i for i in listing(bucket) if "/e2/" in i.key]
+        b.drain()
+    finally:
+        b.stop()
+    stale = sorted([*before_second.values(), *e2_batches], key=lambda i: i.key)
+    assert not any(".e2.snap" in i.key for i in stale)
+    return stale, state
+
+
+def test_restore_lists_again_when_a_collection_deleted_what_it_listed(
+    sw_bucket: S3Bucket, tmp_path: pytest.TempPathFactory
+) -> None:
+    stale, state = two_epochs_with_snapshots(sw_bucket)
+    # The stale listing names epoch 1's snapshot and batches, all collected since.
+    assert not any(i.key == s.key for s in stale if "/e1/" in s.key for i in listing(sw_bucket))
+    gated = StaleFirstListing(sw_bucket, stale)
+    db = CellDatabase(tmp_path / "r.db")  # type: ignore[operator]
+    result = restore(gated, CELL, 4, db)
+    assert gated.listings == 2  # the vanished snapshot made it list again
+    assert result.snapshot is not None and result.snapshot[0] == 2
+    assert dump(db.db) == state  # every acknowledged write, nothing sealed around a hole
+    assert result.last_txid == 13  # table creation + 12 increments
+    assert read_seal(sw_bucket, CELL, 3) == 13  # epoch 3 (never opened) sealed at the top
+    db.close()
+
+
+def test_a_torn_tail_batch_is_dropped_whole(sw_bucket: S3Bucket, tmp_path: object) -> None:
+    a = make_node(sw_bucket, "na")
+    try:
+        for _ in range(3):
+            a.cell(Counter, "a").increment("x")
+        state = cell_dump(a, CELL)
+    finally:
+        a.lease.proxy().pause().get()  # dies without releasing
+        a.fence("test: killed")
+    # A crash mid-upload left a torn object where the next batch would be.
+    sw_bucket.put(keys.batch_key(CELL, 1, 5, 5), b"\x82\xa1v")
+    db = CellDatabase(tmp_path / "t.db")  # type: ignore[operator]
+    result = restore(sw_bucket, CELL, 2, db)
+    assert result.last_txid == 4 and dump(db.db) == state
+    assert read_seal(sw_bucket, CELL, 1) == 4
+    db.close()
+
+
+def test_a_missing_middle_batch_fails_instead_of_sealing_below_it(
+    sw_bucket: S3Bucket, tmp_path: object
+) -> None:
+    a = make_node(sw_bucket, "na")
+    try:
+        for _ in range(3):
+            a.cell(Counter, "a").increment("x")
+    finally:
+        a.lease.proxy().pause().get()
+        a.fence("test: killed")
+    batches = sorted(i.key for i in listing(sw_bucket) if i.key.endswith(".batch"))
+    assert len(batches) == 4
+    sw_bucket.delete(batches[1])
+    db = CellDatabase(tmp_path / "m.db")  # type: ignore[operator]
+    with pytest.raises(RestoreHole, match="missing"):
+        restore(sw_bucket, CELL, 2, db)
+    assert read_seal(sw_bucket, CELL, 1) is None  # nothing sealed
+    db.discard()
