@@ -7,12 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cellactors.core.lease_rules import (
+    Adopt,
+    Fence,
     WaitForExpiry,
     Write,
+    clock_excess_ms,
+    clock_offset_ms,
     decide_start,
     fence_deadline,
     fence_margin,
+    reconcile,
     renew_interval,
+    retry_delay,
     should_fence,
 )
 from cellactors.persistence.bucket import Absent, Match
@@ -82,3 +88,85 @@ def test_default_ttl_numbers() -> None:
 def test_fence_deadline_before_expiry(sent: float, ttl: float) -> None:
     deadline = fence_deadline(sent, ttl)
     assert sent + renew_interval(ttl) < deadline < sent + ttl
+
+
+# --- reconciling renewals, backoff, clocks ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "attempts", "expected"),
+    [
+        pytest.param(None, {}, Write(Absent()), id="record gone: create it again"),
+        pytest.param(
+            snap("thief", NOW + 9_000),
+            {NOW + 9_000: 1.0},
+            Fence("another process (generation thief) took this node identity"),
+            id="another generation fences",
+        ),
+        pytest.param(
+            snap("mine", NOW + 9_000), {NOW + 9_000: 7.5}, Adopt("tok", 7.5), id="our attempt"
+        ),
+        pytest.param(
+            snap("mine", NOW + 1_000),
+            {NOW + 9_000: 7.5},
+            Adopt("tok", None),
+            id="an older write of ours: token only",
+        ),
+        pytest.param(snap("mine", NOW), {}, Adopt("tok", None), id="stale token after a lost ack"),
+    ],
+)
+def test_reconcile(
+    current: LeaseSnapshot | None, attempts: dict[int, float], expected: object
+) -> None:
+    assert reconcile(current, "mine", attempts) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 40), st.floats(0.1, 10.0), st.floats(0.0, 0.999))
+def test_retry_delay_is_capped_exponential_with_jitter(
+    failures: int, cap: float, jitter: float
+) -> None:
+    delay = retry_delay(failures, cap, jitter)
+    base = min(cap, 0.1 * 2**failures)
+    assert base / 2 <= delay <= base
+    assert retry_delay(failures + 1, cap, jitter) >= delay  # never shrinks as failures grow
+
+
+@pytest.mark.parametrize(
+    ("sent", "received", "server", "bound", "excess"),
+    [
+        pytest.param(10_000, 10_010, 10_000, 750, None, id="in sync"),
+        pytest.param(10_500, 10_510, 10_000, 750, None, id="sub-second: Date truncates"),
+        pytest.param(15_000, 15_010, 10_000, 750, 4_000, id="5 s ahead"),
+        pytest.param(10_000, 10_010, 15_000, 750, -4_990, id="5 s behind"),
+        pytest.param(11_800, 11_810, 10_000, 750, 800, id="certainly beyond"),
+        pytest.param(11_700, 11_710, 10_000, 750, None, id="maybe within"),
+        pytest.param(10_000, 14_000, 12_000, 750, None, id="slow request: anything possible"),
+    ],
+)
+def test_clock_excess(
+    sent: int, received: int, server: int, bound: int, excess: int | None
+) -> None:
+    assert clock_excess_ms(clock_offset_ms(sent, received, server, 1000), bound) == excess
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-20_000, 20_000),
+    st.integers(0, 2_000),
+    st.integers(0, 999),
+    st.integers(0, 5_000),
+)
+def test_clock_bounds_contain_the_true_offset(
+    offset: int, rtt: int, server_sub: int, bound: int
+) -> None:
+    """Whatever the request's timing, the true offset lies within the bounds, so a node is
+    only refused when its offset is certainly beyond the bound."""
+    server_true = 1_000_000 + server_sub  # the store's clock when it answered
+    sent = server_true + offset - rtt // 2
+    received = sent + rtt
+    low, high = clock_offset_ms(sent, received, server_true - server_sub, 1000)
+    assert low <= offset <= high
+    excess = clock_excess_ms((low, high), bound)
+    if excess is not None:
+        assert abs(offset) > bound

@@ -191,7 +191,8 @@ class LeaseActor(pykka.ThreadingActor):
         if excess is None:
             return
         message = (
-            f"this machine's clock is {excess / 1000:+.1f}s off the store's (local "
+            f"this machine's clock is at least {abs(excess) / 1000:.1f}s "
+            f"{'ahead of' if excess > 0 else 'behind'} the store's (local "
             f"{_iso(received_ms)}, store {_iso(result.server_ms)}), beyond the allowed "
             f"{self.max_skew_ms / 1000:g}s (--max-clock-skew): lease expiries would be "
             "misjudged; fix the clock (NTP)"
