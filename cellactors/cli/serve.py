@@ -274,6 +274,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Seconds without a call before a cell is passivated.",
 )
 @_option(
+    "--snapshot-every",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="TXIDS",
+    help="Snapshot a cell when this many transactions were written since its last snapshot "
+    "(counted across activations); a snapshot bounds the next restore.",
+)
+@_option(
     "--max-body-bytes",
     default=1 << 20,
     show_default=True,
@@ -303,12 +312,14 @@ def serve(
     max_clock_skew: float | None,
     max_resident_cells: int,
     idle_timeout: float,
+    snapshot_every: int,
     max_body_bytes: int,
     log_level: str,
 ) -> None:
     """Serve the cells of APP as one node: exit 0 after SIGTERM, 3 on self-fence, 2 when
     the configuration or the store is unusable."""
     from cellactors.actors.node import NodeSettings
+    from cellactors.actors.snapshots import SnapshotPolicy
     from cellactors.cli.app_loader import load_app
     from cellactors.persistence import keys
 
@@ -324,6 +335,7 @@ def serve(
         lease_ttl=lease_ttl,
         max_clock_skew=max_clock_skew,
         idle_timeout=idle_timeout,
+        snapshots=SnapshotPolicy(every_txids=snapshot_every),
         max_resident_cells=max_resident_cells,
         advertise=str(listeners.advertise),
         data_dir=data_dir,
