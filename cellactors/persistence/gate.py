@@ -10,8 +10,10 @@ which abandons it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from cellactors.errors import BucketError
 from cellactors.persistence.bucket import Bucket, CasResult, Guard, ObjectInfo, StoredObject
@@ -19,6 +21,19 @@ from cellactors.persistence.bucket import Bucket, CasResult, Guard, ObjectInfo, 
 
 class Fenced(BucketError):
     """The node fenced itself: the request was refused before it was sent."""
+
+
+# The gate of the request this thread is making, so that a dialect's own retries (botocore
+# retries a failed PUT inside one call) are refused too once the gate closes mid-call.
+_local = threading.local()
+
+
+def refuse_if_fenced(**_kwargs: Any) -> None:
+    """A hook a dialect runs before sending each HTTP request (retries included)."""
+    gate: GatedBucket | None = getattr(_local, "gate", None)
+    if gate is not None and gate.closed:
+        gate.refused += 1
+        raise Fenced(f"request refused: the node fenced itself ({gate.reason})")
 
 
 class GatedBucket(Bucket):
@@ -41,34 +56,44 @@ class GatedBucket(Bucket):
             self.reason = reason
             self._closed.set()
 
-    def _check(self, what: str, key: str) -> None:
+    @contextlib.contextmanager
+    def _through(self, what: str, key: str) -> Iterator[None]:
+        """Refuse at once when closed; else mark this thread's request as passing through
+        this gate, so the dialect's own retries check it too."""
         if self._closed.is_set():
             self.refused += 1
             raise Fenced(f"{what} {key} refused: the node fenced itself ({self.reason})")
+        previous = getattr(_local, "gate", None)
+        _local.gate = self
+        try:
+            yield
+        finally:
+            _local.gate = previous
 
     def get(self, key: str) -> StoredObject | None:
-        self._check("GET", key)
-        return self.inner.get(key)
+        with self._through("GET", key):
+            return self.inner.get(key)
 
     def head(self, key: str) -> ObjectInfo | None:
-        self._check("HEAD", key)
-        return self.inner.head(key)
+        with self._through("HEAD", key):
+            return self.inner.head(key)
 
     def put(self, key: str, body: bytes) -> str:
-        self._check("PUT", key)
-        return self.inner.put(key, body)
+        with self._through("PUT", key):
+            return self.inner.put(key, body)
 
     def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
-        self._check("conditional PUT", key)
-        return self.inner.put_cas(key, body, guard)
+        with self._through("conditional PUT", key):
+            return self.inner.put_cas(key, body, guard)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        self._check("LIST", prefix)
-        return self.inner.list(prefix)
+        with self._through("LIST", prefix):
+            # Materialised inside the gate: pages are fetched as the listing is read.
+            return iter(list(self.inner.list(prefix)))
 
     def delete(self, key: str) -> None:
-        self._check("DELETE", key)
-        self.inner.delete(key)
+        with self._through("DELETE", key):
+            self.inner.delete(key)
 
     def close(self) -> None:
         self.inner.close()

@@ -31,6 +31,7 @@ from cellactors.persistence.bucket import (
     join_prefix,
     strip_prefix,
 )
+from cellactors.persistence.gate import refuse_if_fenced
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -77,6 +78,9 @@ def _client_pair(
                 endpoint_url=endpoint,
                 config=botocore.config.Config(retries={"total_max_attempts": 1}, **common),
             )
+            for client in (plain, cas):
+                # Every HTTP request, each botocore retry included, passes a fenced node's gate.
+                client.meta.events.register("before-send.s3", refuse_if_fenced)
             pair = (plain, cas)
             _clients[key] = pair
         return pair
