@@ -562,6 +562,8 @@ class _InternalCore(_Core):
             kwargs = codec.decode_kwargs(body, encoding)
             _hand_over(request)
             result = await self.run(self._call, cls_name, name, method, kwargs, key, check)
+        except ClientDisconnect:
+            raise  # the answer guard logs it; nobody is left to answer
         except RemoteOwner as e:
             # Runtime contract says this cannot happen for forwarded calls; never multi-hop.
             return self.error(StaleRoute(f"not the owner of {cls_name}:{name} ({e})"), encoding)
