@@ -2,21 +2,42 @@
 
 ``Client(["http://a:8080", "http://b:8080"]).cell("Counter", "a").increment(by=2)`` posts
 the keyword arguments to ``/cells/Counter/a/increment`` and returns the result; error
-answers are raised as the matching :mod:`cellactors.errors` class.
+answers are raised as the matching :mod:`cellactors.errors` class, whose ``outcome`` says
+whether the call ran: ``not_run`` (never started), ``unknown`` (may have been applied) or
+``failed`` (ran, rolled back).
 
-Retries go to the next node, and only when they cannot run a call twice: a connection that
-failed before the request was sent, a 503 ``node_unavailable`` or ``activation_failed``
-(nothing ran), and a 409 ``stale_route`` (refused before running). A ``not_durable`` answer or
-a failure after the request may have been sent (read timeout, reset) is retried only with
-``retry_unsafe=True``: the call may already have executed.
+Exactly-once calls: every logical call gets a fresh idempotency key (``uuid4().hex``), sent
+as the ``Idempotency-Key`` header and reused on every retry of that call, so the owning cell
+runs it at most once and a retry returns the first result. Pick the key yourself with
+``client.cell("Counter", "a").with_key("order-17").increment(by=1)`` or
+``client.invoke("Counter", "a", "increment", {"by": 1}, key="order-17")`` to retry a call
+safely later (e.g. after a crash of the caller); reusing a key for another method or other
+arguments is refused with :class:`~cellactors.errors.KeyConflict`. Keys expire on the cell
+after a retention window (default 24 h) and a per-cell cap: a retry after that runs again.
+
+Retries (bounded by ``max_attempts``, with exponential back-off; each moves to the next URL):
+
+- ``not_run`` errors that are transient (``node_unavailable``, ``activation_failed``,
+  ``stale_route``) and connections that failed before the request was sent;
+- ``unknown`` outcomes (``not_durable``, ``internal``, unreadable answers, a connection lost
+  after the request was sent, a read timeout) only when the call has a key: always, unless
+  the client was made with ``idempotency_keys=False`` and no explicit key was given; then
+  they raise at once;
+- ``failed`` outcomes (``method_failed``, ``bad_result``) never, nor other ``not_run`` errors
+  (``bad_request``, ``unknown_cell``, ``key_conflict``, ...).
+
+If every attempt fails and an earlier one had an unknown outcome, the error raised is
+:class:`~cellactors.errors.NotDurable` (the call may have run), never a ``not_run`` error.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -28,7 +49,9 @@ from cellactors.errors import (
     UNKNOWN,
     ActivationFailed,
     BadRequest,
+    BadResult,
     CallError,
+    KeyConflict,
     MethodFailed,
     NodeUnavailable,
     NotDurable,
@@ -37,7 +60,7 @@ from cellactors.errors import (
 )
 from cellactors.server import codec
 
-__all__ = ["CellHandle", "Client"]
+__all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 
 _BY_CODE: dict[str, type[CallError]] = {
     cls.code: cls
@@ -49,17 +72,28 @@ _BY_CODE: dict[str, type[CallError]] = {
         NodeUnavailable,
         StaleRoute,
         ActivationFailed,
+        BadResult,
+        KeyConflict,
     )
 }
-SAFE_RETRY_CODES = frozenset({NodeUnavailable.code, ActivationFailed.code, StaleRoute.code})
-UNSAFE_RETRY_CODES = frozenset({NotDurable.code})
 # Failures after which the request certainly was not sent.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+)
 _MAX_BACKOFF = 2.0
 
 
+def new_key() -> str:
+    """A fresh idempotency key (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
 def error_from_answer(status: int, payload: Any) -> CallError:
-    """Rebuild the error a server answered with (its JSON/msgpack error object)."""
+    """Rebuild the error a server answered with (its JSON/msgpack error object). An answer
+    that is not one of ours (e.g. a proxy's HTML page) has an ``unknown`` outcome."""
     if not isinstance(payload, dict) or not isinstance(payload.get("error"), str):
         err = CallError(f"HTTP {status}: unexpected answer {str(payload)[:200]!r}")
         err.status = status
@@ -80,30 +114,54 @@ def error_from_answer(status: int, payload: Any) -> CallError:
     return err
 
 
-class CellHandle:
-    """One cell; attribute access gives its methods: ``handle.increment(by=1)``."""
+def _check_key(key: str) -> str:
+    if not codec.is_valid_key(key):
+        raise ValueError(f"invalid idempotency key {key!r}: use 1-128 of [A-Za-z0-9._:-]")
+    return key
 
-    def __init__(self, client: Client, cls_name: str, name: str) -> None:
+
+class CellHandle:
+    """One cell; attribute access gives its methods: ``handle.increment(by=1)``.
+
+    A handle from :meth:`with_key` sends that idempotency key with every call made through
+    it: use it for one logical call (a second, different call with the same key is refused
+    with :class:`~cellactors.errors.KeyConflict`). Cell methods named ``with_key`` or
+    starting with ``_`` are reachable through :meth:`Client.invoke`.
+    """
+
+    def __init__(self, client: Client, cls_name: str, name: str, key: str | None = None) -> None:
         self._client = client
         self._cls_name = cls_name
         self._name = name
+        self._key = key
+
+    def with_key(self, key: str) -> CellHandle:
+        """A handle on the same cell whose calls carry the idempotency key ``key``."""
+        return CellHandle(self._client, self._cls_name, self._name, _check_key(key))
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
 
         def call(**kwargs: Any) -> Any:
-            return self._client.call(self._cls_name, self._name, method, **kwargs)
+            return self._client.invoke(self._cls_name, self._name, method, kwargs, key=self._key)
 
         call.__name__ = method
         return call
 
     def __repr__(self) -> str:
-        return f"<CellHandle {self._cls_name}:{self._name}>"
+        key = f" key={self._key}" if self._key is not None else ""
+        return f"<CellHandle {self._cls_name}:{self._name}{key}>"
 
 
 class Client:
-    """Calls cells on any node of a fleet, failing over between ``urls``."""
+    """Calls cells on any node of a fleet, failing over between ``urls``.
+
+    ``idempotency_keys=False`` sends no key unless one is given explicitly; calls without a
+    key are never retried after an ``unknown`` outcome. ``max_attempts`` defaults to
+    ``max(3, len(urls))``; ``backoff`` is the first back-off delay in seconds (doubling, with
+    jitter, up to 2 s).
+    """
 
     def __init__(
         self,
@@ -111,18 +169,20 @@ class Client:
         *,
         timeout: float = 40.0,
         connect_timeout: float = 3.0,
-        retry_unsafe: bool = False,
         encoding: Literal["json", "msgpack"] = "json",
         max_attempts: int | None = None,
+        idempotency_keys: bool = True,
+        backoff: float = 0.1,
         http: httpx.Client | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("Client needs at least one node URL")
         self.urls = [u.rstrip("/") for u in self.urls]
-        self.retry_unsafe = retry_unsafe
         self.encoding: codec.Encoding = encoding
-        self.max_attempts = max_attempts or max(2, len(self.urls))
+        self.max_attempts = max_attempts or max(3, len(self.urls))
+        self.idempotency_keys = idempotency_keys
+        self.backoff = backoff
         self._own_http = http is None
         self._http = http or httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._start = itertools.count()
@@ -133,49 +193,92 @@ class Client:
         return CellHandle(self, cls_name, name)
 
     def call(self, cls_name: str, name: str, method: str, /, **kwargs: Any) -> Any:
-        """Call ``method`` on the cell with keyword arguments; return its result."""
-        body = codec.encode(kwargs, self.encoding)
+        """Call ``method`` on the cell with keyword arguments (a fresh idempotency key);
+        return its result."""
+        return self.invoke(cls_name, name, method, kwargs)
+
+    def invoke(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+    ) -> Any:
+        """Call ``method`` on the cell with the arguments ``kwargs``, under the idempotency
+        key ``key`` (default: a fresh one, unless ``idempotency_keys=False``)."""
+        if key is not None:
+            _check_key(key)
+        elif self.idempotency_keys:
+            key = new_key()
+        return self._send(cls_name, name, method, dict(kwargs or {}), key)
+
+    def _send(
+        self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], key: str | None
+    ) -> Any:
+        try:
+            body = codec.encode(kwargs, self.encoding)
+        except codec.ENCODE_ERRORS as e:
+            raise BadRequest(f"the arguments cannot be encoded as {self.encoding}: {e}") from e
         path = "/cells/{}/{}/{}".format(*(_quote(p) for p in (cls_name, name, method)))
         headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding]}
+        if key is not None:
+            headers[codec.IDEMPOTENCY_HEADER] = key
         with self._start_lock:
             start = next(self._start) % len(self.urls)
-        last: Exception | None = None
+        last: CallError | None = None
+        maybe_ran = False
         for attempt in range(self.max_attempts):
-            index = (start + attempt) % len(self.urls)
-            if attempt >= len(self.urls):
-                time.sleep(min(_MAX_BACKOFF, 0.1 * 2 ** (attempt - len(self.urls))))
-            url = self.urls[index] + path
+            if last is not None:
+                time.sleep(self._delay(attempt, last))
+            base = self.urls[(start + attempt) % len(self.urls)]
+            err: CallError
             try:
-                resp = self._http.post(url, content=body, headers=headers)
+                resp = self._http.post(base + path, content=body, headers=headers)
             except _NOT_SENT as e:
-                last = NodeUnavailable(f"{self.urls[index]} unreachable: {e!r}")
-                last.__cause__ = e
-                continue
+                err = NodeUnavailable(f"{base} unreachable: {e!r}")
+                err.__cause__ = e
             except httpx.HTTPError as e:
-                unknown = NotDurable(f"{self.urls[index]}: outcome unknown, may have run: {e!r}")
-                unknown.__cause__ = e
-                if self.retry_unsafe:
-                    last = unknown
-                    continue
-                raise unknown from e
-            if resp.is_success:
-                return self._decode(resp)["result"]
-            err = error_from_answer(resp.status_code, self._decode_error(resp))
-            if err.code in SAFE_RETRY_CODES and err.retryable:
-                last = err
-                continue
-            if err.code in UNSAFE_RETRY_CODES and self.retry_unsafe:
-                last = err
-                continue
-            raise err
+                err = NotDurable(f"{base}: outcome unknown, the call may have run: {e!r}")
+                err.__cause__ = e
+            else:
+                if resp.is_success:
+                    return self._result(resp)
+                err = error_from_answer(resp.status_code, self._decode_error(resp))
+            maybe_ran = maybe_ran or err.outcome == UNKNOWN
+            last = err
+            if not _may_retry(err, key):
+                break
         assert last is not None
+        if maybe_ran and last.outcome == NOT_RUN:
+            hint = f" (idempotency key {key!r})" if key is not None else ""
+            raise NotDurable(
+                f"an earlier attempt may have run the call{hint}; the last one: {last}"
+            ) from last
         raise last
 
-    def _decode(self, resp: httpx.Response) -> Any:
-        payload = codec.decode(resp.content, codec.encoding_for(resp.headers.get("content-type")))
+    def _delay(self, attempt: int, last: CallError) -> float:
+        """No wait while trying each URL once after a node was unavailable (the next one
+        may well answer); otherwise exponential back-off with jitter."""
+        if attempt < len(self.urls) and isinstance(last, NodeUnavailable):
+            return 0.0
+        delay = min(_MAX_BACKOFF, self.backoff * 2.0 ** max(0, attempt - 1))
+        return delay * random.uniform(0.5, 1.0)
+
+    def _result(self, resp: httpx.Response) -> Any:
+        try:
+            payload = codec.decode(
+                resp.content, codec.encoding_for(resp.headers.get("content-type"))
+            )
+        except CallError:
+            payload = None
         if not isinstance(payload, dict) or "result" not in payload:
-            raise CallError(f"unexpected success answer {resp.content[:200]!r}")
-        return payload
+            err = CallError(f"unreadable success answer {resp.content[:200]!r}")
+            err.status = resp.status_code
+            err.code = "bad_answer"
+            raise err
+        return payload["result"]
 
     def _decode_error(self, resp: httpx.Response) -> Any:
         try:
@@ -195,5 +298,16 @@ class Client:
         self.close()
 
 
+def _may_retry(err: CallError, key: str | None) -> bool:
+    """Transient ``not_run`` errors always; ``unknown`` outcomes only under a key."""
+    if err.outcome == NOT_RUN:
+        return err.retryable
+    return err.outcome == UNKNOWN and key is not None
+
+
 def _quote(part: str) -> str:
+    # "." and ".." would be removed from the URL as dot segments: send them encoded, so the
+    # server sees (and refuses) them instead of another route.
+    if part in (".", ".."):
+        return part.replace(".", "%2E")
     return quote(part, safe="")

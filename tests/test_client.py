@@ -11,7 +11,9 @@ from cellactors.client import Client, error_from_answer
 from cellactors.errors import (
     ActivationFailed,
     BadRequest,
+    BadResult,
     CallError,
+    KeyConflict,
     MethodFailed,
     NodeUnavailable,
     NotDurable,
@@ -63,20 +65,29 @@ def test_all_urls_dead_raises_node_unavailable() -> None:
     assert isinstance(info.value.__cause__, httpx.ConnectError)
 
 
-def test_not_durable_is_not_retried_by_default(served: Served) -> None:
+def test_not_durable_is_retried_under_one_key(served: Served) -> None:
     served.node.flaky_failures = 1
-    with Client([served.public, served.public]) as client, pytest.raises(NotDurable) as info:
+    with Client([served.public, served.public], backoff=0.01) as client:
+        assert client.cell("Counter", "a").flaky() == "ok"
+        assert client.cell("Counter", "a").flaky() == "ok"
+    assert len(served.node.calls) == 3
+    first, retry, other = served.node.keys
+    assert first is not None
+    assert retry == first  # the retry of one logical call reuses its key
+    assert other is not None
+    assert other != first  # the next logical call has its own
+
+
+def test_without_keys_not_durable_is_not_retried(served: Served) -> None:
+    served.node.flaky_failures = 1
+    with (
+        Client([served.public, served.public], idempotency_keys=False) as client,
+        pytest.raises(NotDurable) as info,
+    ):
         client.cell("Counter", "a").flaky()
     assert info.value.retryable is False
     assert info.value.outcome == "unknown"
-    assert len(served.node.calls) == 1
-
-
-def test_not_durable_is_retried_when_opted_in(served: Served) -> None:
-    served.node.flaky_failures = 1
-    with Client([served.public, served.public], retry_unsafe=True) as client:
-        assert client.cell("Counter", "a").flaky() == "ok"
-    assert len(served.node.calls) == 2
+    assert served.node.keys == [None]  # no key sent, tried once
 
 
 def test_method_failed_carries_type_and_message(served: Served) -> None:
@@ -89,7 +100,7 @@ def test_method_failed_carries_type_and_message(served: Served) -> None:
 
 
 def test_client_errors_map_to_classes_and_are_not_retried(served: Served) -> None:
-    with Client([served.public, served.public]) as client:
+    with Client([served.public, served.public], idempotency_keys=False) as client:
         with pytest.raises(UnknownCell):
             client.cell("Nope", "a").increment()
         with pytest.raises(UnknownCell):
@@ -120,9 +131,23 @@ def test_draining_node_fails_over_to_the_next() -> None:
         a.node.status = "serving"
 
 
-def test_read_timeout_is_not_retried_without_opt_in(served: Served) -> None:
+def test_unknown_outcome_after_retries_is_retried_with_its_key(served: Served) -> None:
+    """An internal error (500) has an unknown outcome: retried under the call's key."""
+    with Client([served.public], max_attempts=3, backoff=0.01) as client:
+        with pytest.raises(CallError) as info:
+            client.cell("Counter", "a").crash()
+        assert info.value.code == "internal"
+        assert info.value.outcome == "unknown"
+    assert len(served.node.calls) == 3
+    assert len(set(served.node.keys)) == 1
+
+
+def test_read_timeout_is_not_retried_without_keys(served: Served) -> None:
     other = FakeNode("node-b")
-    with serving(other) as b, Client([served.public, b.public], timeout=0.3) as client:
+    with (
+        serving(other) as b,
+        Client([served.public, b.public], timeout=0.3, idempotency_keys=False) as client,
+    ):
         with pytest.raises(NotDurable, match="outcome unknown") as info:
             client.call("Counter", "a", "wait")
         assert isinstance(info.value.__cause__, httpx.ReadTimeout)
@@ -131,15 +156,16 @@ def test_read_timeout_is_not_retried_without_opt_in(served: Served) -> None:
         assert len(served.node.calls) + len(other.calls) == 1
 
 
-def test_read_timeout_is_retried_when_opted_in() -> None:
+def test_read_timeout_is_retried_under_the_same_key() -> None:
     with serving(FakeNode("node-a")) as a, serving(FakeNode("node-b")) as b:
         b.node.gate.set()  # only node-a blocks
-        with Client([a.public, b.public], timeout=0.3, retry_unsafe=True) as client:
+        with Client([a.public, b.public], timeout=0.3, backoff=0.01) as client:
             results = [client.call("Counter", "x", "wait") for _ in range(2)]
         assert results == ["released", "released"]
         a.node.gate.set()
         assert len(b.node.calls) == 2
         assert len(a.node.calls) == 1  # one call timed out there, then went to node-b
+        assert a.node.keys[0] in b.node.keys  # ... under the key it had at node-a
 
 
 @pytest.mark.parametrize(
@@ -150,6 +176,8 @@ def test_read_timeout_is_retried_when_opted_in() -> None:
         ({"error": "stale_route", "message": "m", "retryable": True}, StaleRoute),
         ({"error": "not_durable", "message": "m", "retryable": True}, NotDurable),
         ({"error": "bad_request", "message": "m", "retryable": False}, BadRequest),
+        ({"error": "bad_result", "message": "m", "outcome": "failed"}, BadResult),
+        ({"error": "key_conflict", "message": "m", "outcome": "not_run"}, KeyConflict),
     ],
 )
 def test_error_codes_map_to_classes(payload: dict[str, object], cls: type[CallError]) -> None:

@@ -169,12 +169,18 @@ def test_internal_listener_refuses_bad_signatures(shared_fleet: tuple[Fleet, S3B
     key = bytes.fromhex(json.loads(stored.body)["key"])
     target, source = fleet[0], fleet[1]
     path = "/internal/cells/Ledger/peerauth/append"
+    generation = httpx.get(target.internal_url + "/healthz", timeout=5).json()["generation"]
 
     def body(entry: str) -> bytes:
         return json.dumps({"entry": entry}).encode()
 
     def signed(b: bytes, **kw: object) -> dict[str, str]:
-        args: dict[str, object] = {"source": source.node_id, "target": target.node_id, **kw}
+        args: dict[str, object] = {
+            "source": source.node_id,
+            "target": target.node_id,
+            "target_generation": generation,
+            **kw,
+        }
         use_key = args.pop("key", key)
         assert isinstance(use_key, bytes)
         headers = signing.sign_request(use_key, "POST", path, b, **args)  # type: ignore[arg-type]
@@ -190,6 +196,7 @@ def test_internal_listener_refuses_bad_signatures(shared_fleet: tuple[Fleet, S3B
         "stale": post(url, body("s"), signed(body("s"), now=time.time() - 120)),
         "future": post(url, body("f"), signed(body("f"), now=time.time() + 120)),
         "other target": post(url, body("t"), signed(body("t"), target=fleet[2].node_id)),
+        "other generation": post(url, body("g"), signed(body("g"), target_generation="0" * 16)),
         "tampered body": post(url, body("tampered"), signed(body("original"))),
     }
     for what, resp in refused.items():

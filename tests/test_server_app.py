@@ -19,6 +19,8 @@ import msgpack
 import pytest
 
 from cellactors.errors import (
+    BadResult,
+    KeyConflict,
     MethodFailed,
     NodeUnavailable,
     NotDurable,
@@ -78,6 +80,20 @@ def _flaky(node: FakeNode, name: str, kwargs: dict[str, Any]) -> str:
     return "ok"
 
 
+class CommittedButUnanswered(NotDurable):
+    """Raised by the fake after it recorded the call's key: applied, answer lost."""
+
+
+def _applied_then_lost(node: FakeNode, name: str, kwargs: dict[str, Any]) -> int:
+    """Increments, and the first ``lost_answers`` times loses the answer after commit."""
+    result = _increment(node, name, kwargs)
+    with node.lock:
+        node.lost_answers -= 1
+        if node.lost_answers >= 0:
+            raise CommittedButUnanswered("committed, but the answer was lost")
+    return result
+
+
 DEFAULT_METHODS: dict[str, Handler] = {
     "increment": _increment,
     "echo": lambda node, name, kwargs: kwargs,
@@ -88,11 +104,21 @@ DEFAULT_METHODS: dict[str, Handler] = {
     "wait": _wait,
     "flaky": _flaky,
     "unencodable": lambda node, name, kwargs: object(),
+    "nan": lambda node, name, kwargs: float("nan"),
+    "big": lambda node, name, kwargs: 2**70,
+    "applied_then_lost": _applied_then_lost,
 }
 
 
 class FakeNode:
-    """Keeps the ``Node`` contract the HTTP layer is written against, with scripted routing."""
+    """Keeps the ``Node`` contract the HTTP layer is written against, with scripted routing.
+
+    Like the runtime, it records ``key -> (method, kwargs, result)`` for every call that
+    returns (or that commits and then loses its answer) under an idempotency key, answers a
+    recorded key without running, refuses a key reused with other arguments, and runs
+    ``result_check`` on the result "before commit" (a refusal is :class:`BadResult` and
+    records nothing).
+    """
 
     node_id: str
     generation: str
@@ -111,6 +137,11 @@ class FakeNode:
         self.forgotten: list[tuple[str, str]] = []
         self.counters: dict[str, int] = {}
         self.flaky_failures = 0
+        self.lost_answers = 0
+        self.keys: list[str | None] = []  # the key of every call, in order
+        self.checks: list[tuple[Any, BaseException | None]] = []  # (result, check's error)
+        self.recorded: dict[str, tuple[str, dict[str, Any], Any]] = {}
+        self.answering = True  # False: as if fenced while the answer was held
         self.in_flight = 0
         self.gate = threading.Event()
         self.drain_started = threading.Event()
@@ -127,12 +158,15 @@ class FakeNode:
         *,
         forwarded: bool = False,
         timeout: float = 30.0,
+        key: str | None = None,
+        result_check: Callable[[Any], None] | None = None,
     ) -> Any:
         keys.make_cell_id(cls_name, name)  # InvalidCellId, like the runtime
         if cls_name not in self.classes:
             raise UnknownCell(f"no class {cls_name}")
         with self.lock:
             self.calls.append((cls_name, name, method, kwargs, forwarded))
+            self.keys.append(key)
             if self.status != "serving":
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
             if not forwarded and self.routes:
@@ -143,12 +177,36 @@ class FakeNode:
             handler = self.methods.get(method)
             if handler is None:
                 raise UnknownCell(f"{cls_name} has no method {method}")
+            if key is not None and key in self.recorded:
+                first_method, first_kwargs, first_result = self.recorded[key]
+                if (first_method, first_kwargs) != (method, kwargs):
+                    raise KeyConflict(f"key {key} was used for another call")
+                return first_result
             self.in_flight += 1
         try:
-            return handler(self, name, kwargs)
+            result = handler(self, name, kwargs)
+        except CommittedButUnanswered:
+            with self.lock:
+                if key is not None:
+                    self.recorded[key] = (method, kwargs, self.counters.get(name))
+            raise
         finally:
             with self.lock:
                 self.in_flight -= 1
+        if result_check is not None:
+            try:
+                result_check(result)
+            except Exception as e:
+                self.checks.append((result, e))
+                raise BadResult(f"result refused: {e}") from e
+            self.checks.append((result, None))
+        if key is not None:
+            with self.lock:
+                self.recorded[key] = (method, kwargs, result)
+        return result
+
+    def may_answer(self) -> bool:
+        return self.answering and self.status in ("serving", "draining")
 
     def state(self) -> dict[str, Any]:
         return {
@@ -197,6 +255,11 @@ class Served:
     def internal_hostport(self) -> str:
         assert self.runner.internal_address is not None
         return "{}:{}".format(*self.runner.internal_address)
+
+
+def owner_route(served: Served) -> RemoteOwner:
+    """What the runtime raises when ``served``'s node owns the cell (lease: addr, generation)."""
+    return RemoteOwner(served.node.node_id, served.internal, served.node.generation)
 
 
 @contextlib.contextmanager
@@ -438,10 +501,15 @@ def test_unexpected_node_exception_is_500(served: Served, http: httpx.Client) ->
     assert "RuntimeError" in r.json()["message"]
 
 
-def test_unencodable_result_is_500_not_a_crash(served: Served, http: httpx.Client) -> None:
+def test_unencodable_result_is_rolled_back_as_bad_result(
+    served: Served, http: httpx.Client
+) -> None:
     r = post(http, served.public, "/cells/Counter/a/unencodable", {})
-    assert r.status_code == 500
-    assert "succeeded" in r.json()["message"]
+    assert r.status_code == 422
+    assert r.json()["error"] == "bad_result"
+    assert r.json()["outcome"] == "failed"
+    [(_result, refusal)] = served.node.checks
+    assert isinstance(refusal, ValueError)  # the check ran on the result, before "commit"
 
 
 def test_healthz(served: Served, http: httpx.Client) -> None:
@@ -458,7 +526,9 @@ def test_public_app_exposes_no_internal_route(served: Served, http: httpx.Client
         assert r.json()["error"] == "not_found"
     # Even a correctly signed forward is not accepted on the public port.
     path = "/internal/cells/Counter/a/increment"
-    headers = signing.sign_request(KEY, "POST", path, b"{}", source="x", target="node-a")
+    headers = signing.sign_request(
+        KEY, "POST", path, b"{}", source="x", target="node-a", target_generation="gen-node-a"
+    )
     r = http.post(served.public + path, content=b"{}", headers=headers)
     assert r.status_code == 404
     assert served.node.calls == []
@@ -481,13 +551,23 @@ def signed_post(
     *,
     key: bytes = KEY,
     target: str | None = None,
+    generation: str | None = None,
+    idempotency_key: str | None = None,
     now: float | None = None,
     headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     path = f"/internal/cells/Counter/a/{method}"
     if headers is None:
         headers = signing.sign_request(
-            key, "POST", path, body, source="node-z", target=target or served.node.node_id, now=now
+            key,
+            "POST",
+            path,
+            body,
+            source="node-z",
+            target=target or served.node.node_id,
+            target_generation=generation or served.node.generation,
+            idempotency_key=idempotency_key,
+            now=now,
         )
     return http.post(served.internal + path, content=body, headers=headers)
 
@@ -513,7 +593,9 @@ def test_internal_refuses_wrong_signature(served: Served, http: httpx.Client) ->
     assert "bad signature" in r.json()["message"]
     # A body swapped under a valid signature fails too.
     path = "/internal/cells/Counter/a/increment"
-    headers = signing.sign_request(KEY, "POST", path, b"{}", source="z", target="node-a")
+    headers = signing.sign_request(
+        KEY, "POST", path, b"{}", source="z", target="node-a", target_generation="gen-node-a"
+    )
     r = http.post(served.internal + path, content=b'{"by": 100}', headers=headers)
     assert r.status_code == 401
     assert served.node.calls == []
@@ -536,7 +618,9 @@ def test_internal_refuses_stale(served: Served, http: httpx.Client) -> None:
 
 def test_internal_refuses_replayed_nonce(served: Served, http: httpx.Client) -> None:
     path = "/internal/cells/Counter/a/increment"
-    headers = signing.sign_request(KEY, "POST", path, b"{}", source="z", target="node-a")
+    headers = signing.sign_request(
+        KEY, "POST", path, b"{}", source="z", target="node-a", target_generation="gen-node-a"
+    )
     first = signed_post(http, served, "increment", headers=headers)
     assert first.status_code == 200
     replay = signed_post(http, served, "increment", headers=headers)
@@ -581,7 +665,7 @@ def test_remote_owner_forwards_signed_and_passes_through(
     pair: tuple[Served, Served], http: httpx.Client
 ) -> None:
     a, b = pair
-    a.node.routes = [RemoteOwner("node-b", b.internal)]
+    a.node.routes = [owner_route(b)]
     r = post(http, a.public, "/cells/Counter/c/increment", {"by": 7})
     assert r.status_code == 200
     assert r.json() == {"result": 7}
@@ -596,7 +680,9 @@ def test_forwarded_errors_and_msgpack_pass_through(
     pair: tuple[Served, Served], http: httpx.Client
 ) -> None:
     a, b = pair
-    a.node.routes = [RemoteOwner("node-b", b.internal_hostport)]  # addr without scheme
+    a.node.routes = [
+        RemoteOwner("node-b", b.internal_hostport, b.node.generation)
+    ]  # addr without scheme
     r = http.post(
         a.public + "/cells/Counter/c/not_durable",
         content=msgpack.packb({}),
@@ -613,7 +699,7 @@ def test_stale_route_refreshes_and_routes_once_more(
     pair: tuple[Served, Served], http: httpx.Client
 ) -> None:
     a, b = pair
-    a.node.routes = [RemoteOwner("node-b", b.internal)]  # only the first routing says remote
+    a.node.routes = [owner_route(b)]  # only the first routing says remote
     b.node.stale_routes = 1
     r = post(http, a.public, "/cells/Counter/d/whoami", {})
     assert r.status_code == 200
@@ -625,7 +711,7 @@ def test_stale_route_refreshes_and_routes_once_more(
 
 def test_stale_route_then_forward_again(pair: tuple[Served, Served], http: httpx.Client) -> None:
     a, b = pair
-    a.node.routes = [RemoteOwner("node-b", b.internal)] * 2
+    a.node.routes = [owner_route(b)] * 2
     b.node.stale_routes = 1
     r = post(http, a.public, "/cells/Counter/d/whoami", {})
     assert r.status_code == 200
@@ -635,7 +721,7 @@ def test_stale_route_then_forward_again(pair: tuple[Served, Served], http: httpx
 
 def test_stale_route_twice_gives_up(pair: tuple[Served, Served], http: httpx.Client) -> None:
     a, b = pair
-    a.node.routes = [RemoteOwner("node-b", b.internal)] * 5
+    a.node.routes = [owner_route(b)] * 5
     b.node.stale_routes = 5
     r = post(http, a.public, "/cells/Counter/d/whoami", {})
     assert r.status_code == 409
@@ -656,14 +742,14 @@ def free_port() -> int:
 def test_unreachable_owner_is_forgotten_and_the_call_routed_again(
     served: Served, http: httpx.Client
 ) -> None:
-    served.node.routes = [RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}")]
+    served.node.routes = [RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}", "gen-gone")]
     r = post(http, served.public, "/cells/Counter/e/whoami", {})
     assert r.status_code == 200  # the second routing decision ran it here
     assert served.node.forgotten == [("Counter", "e")]
 
 
 def test_unreachable_owner_is_503_retryable(served: Served, http: httpx.Client) -> None:
-    gone = RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}")
+    gone = RemoteOwner("node-gone", f"http://127.0.0.1:{free_port()}", "gen-gone")
     served.node.routes = [gone, gone]
     r = post(http, served.public, "/cells/Counter/e/whoami", {})
     assert served.node.forgotten == [("Counter", "e")]  # refreshed once, then gave up
@@ -676,7 +762,7 @@ def test_unreachable_owner_is_503_retryable(served: Served, http: httpx.Client) 
 
 def test_peer_with_another_key_is_refused_as_502(http: httpx.Client) -> None:
     with serving(FakeNode("node-a")) as a, serving(FakeNode("node-b"), key=bytes(32)) as b:
-        a.node.routes = [RemoteOwner("node-b", b.internal)]
+        a.node.routes = [owner_route(b)]
         r = post(http, a.public, "/cells/Counter/c/whoami", {})
         assert r.status_code == 502
         assert r.json()["error"] == "peer_refused"
@@ -686,7 +772,7 @@ def test_peer_with_another_key_is_refused_as_502(http: httpx.Client) -> None:
 def test_forward_timeout_is_an_unknown_outcome(http: httpx.Client) -> None:
     settings = ServerSettings(forward_timeout=0.3)
     with serving(FakeNode("node-a"), settings=settings) as a, serving(FakeNode("node-b")) as b:
-        a.node.routes = [RemoteOwner("node-b", b.internal)]
+        a.node.routes = [owner_route(b)]
         r = post(http, a.public, "/cells/Counter/c/wait", {})
         assert r.status_code == 503
         assert r.json()["error"] == "not_durable"  # may have run on node-b

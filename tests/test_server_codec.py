@@ -203,3 +203,63 @@ def test_arbitrary_bytes_never_crash_the_decoder(body: bytes) -> None:
             codec.decode_kwargs(body, encoding)
         except CallError as e:
             assert e.status == 400
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_json_bodies_with_nan_or_infinity_are_bad_requests(constant: bytes) -> None:
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        codec.decode_kwargs(b'{"x": ' + constant + b"}", "json")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_json_encoding_is_strict(value: float) -> None:
+    with pytest.raises(ValueError):
+        codec.encode_result([value], "json")
+    assert codec.decode(codec.encode_result(value, "msgpack"), "msgpack")["result"] != 0
+
+
+@pytest.mark.parametrize(
+    ("result", "encoding", "ok"),
+    [
+        (1.5, "json", True),
+        (float("nan"), "json", False),
+        (float("nan"), "msgpack", True),
+        (2**70, "json", True),
+        (2**70, "msgpack", False),
+        (object(), "json", False),
+        ({"b": b"\x00"}, "json", True),
+    ],
+)
+def test_result_check_refuses_what_the_encoding_cannot_carry(
+    result: Any, encoding: codec.Encoding, ok: bool
+) -> None:
+    check = codec.ResultCheck(encoding)
+    if not ok:
+        with pytest.raises(ValueError, match=f"cannot be encoded as {encoding}"):
+            check(result)
+        return
+    check(result)
+    body = check.body_for(result)
+    assert body == codec.encode_result(result, encoding)
+    assert check.body_for(result) is body  # encoded once, reused by the answer
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], None),
+        (["k1"], "k1"),
+        (["A-z_0.9:x"], "A-z_0.9:x"),
+        (["k" * 128], "k" * 128),
+    ],
+)
+def test_idempotency_keys(values: list[str], expected: str | None) -> None:
+    assert codec.idempotency_key(values) == expected
+
+
+@pytest.mark.parametrize(
+    "values", [[""], ["k" * 129], ["with space"], ["slash/y"], ["ü"], ["a", "b"], ["a", "a"]]
+)
+def test_malformed_or_repeated_idempotency_keys_are_bad_requests(values: list[str]) -> None:
+    with pytest.raises(BadRequest, match="Idempotency-Key"):
+        codec.idempotency_key(values)

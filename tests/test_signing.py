@@ -9,17 +9,29 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cellactors.server import signing
-from cellactors.server.signing import NonceCache, Unauthorized, sign_request, verify_request
+from cellactors.server.signing import (
+    NonceCache,
+    StaleTarget,
+    Unauthorized,
+    sign_request,
+    verify_request,
+)
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 NOW = 1_700_000_000.0
 PATH = "/internal/cells/Counter/a/increment"
 BODY = b'{"by":2}'
+GEN = "0123456789abcdef"
 
 
 def signed(**overrides: object) -> dict[str, str]:
-    args: dict[str, object] = {"source": "node-a", "target": "node-b", "now": NOW}
+    args: dict[str, object] = {
+        "source": "node-a",
+        "target": "node-b",
+        "target_generation": GEN,
+        "now": NOW,
+    }
     args.update(overrides)
     return sign_request(KEY, "POST", PATH, BODY, **args)  # type: ignore[arg-type]
 
@@ -32,6 +44,7 @@ def verify(
     path: str = PATH,
     body: bytes = BODY,
     target: str = "node-b",
+    generation: str = GEN,
     now: float = NOW,
     cache: NonceCache | None = None,
 ) -> str:
@@ -42,6 +55,7 @@ def verify(
         body,
         headers,
         expected_target=target,
+        expected_generation=generation,
         nonces=cache if cache is not None else NonceCache(),
         now=now,
     )
@@ -49,7 +63,8 @@ def verify(
 
 def test_round_trip_returns_the_source() -> None:
     headers = signed()
-    assert set(headers) == set(signing.SIGNED_HEADERS)
+    assert set(headers) == set(signing.SIGNED_HEADERS)  # no key: no Idempotency-Key header
+    assert headers[signing.GENERATION_HEADER] == GEN
     assert headers[signing.TIMESTAMP_HEADER] == str(int(NOW * 1000))
     assert len(headers[signing.NONCE_HEADER]) == 32
     assert verify(headers) == "node-a"
@@ -61,17 +76,53 @@ def test_headers_are_matched_case_insensitively_from_a_plain_dict() -> None:
 
 
 def test_signature_covers_every_field() -> None:
-    message = signing.string_to_sign("post", "/p", b"body", "a", "b", "123", "n")
+    message = signing.string_to_sign("post", "/p", b"body", "a", "b", "g7", "123", "n", "k1")
     assert message.split(b"\n") == [
-        b"cellactors-hmac-v1",
+        b"cellactors-hmac-v2",
         b"POST",
         b"/p",
         hashlib.sha256(b"body").hexdigest().encode(),
         b"a",
         b"b",
+        b"g7",
         b"123",
         b"n",
+        b"k1",
     ]
+    # No key is the empty last line (a real key is never empty).
+    assert signing.string_to_sign("post", "/p", b"", "a", "b", "g", "1", "n").endswith(b"\nn\n")
+
+
+def test_idempotency_key_is_sent_and_signed() -> None:
+    headers = signed(idempotency_key="order-17")
+    assert headers["Idempotency-Key"] == "order-17"
+    assert verify(headers) == "node-a"
+    for tampered in ("order-18", ""):
+        with pytest.raises(Unauthorized, match="bad signature"):
+            verify({**headers, "Idempotency-Key": tampered})
+    # Removing the key, or adding one to a request signed without, breaks it too.
+    without = {k: v for k, v in headers.items() if k != "Idempotency-Key"}
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify(without)
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify({**signed(), "Idempotency-Key": "order-17"})
+
+
+def test_a_request_for_another_process_generation_is_refused() -> None:
+    """A restarted receiver (new generation, empty nonce cache) refuses a replay."""
+    headers = signed()
+    assert verify(headers, cache=NonceCache()) == "node-a"
+    with pytest.raises(StaleTarget, match="process") as info:
+        verify(headers, cache=NonceCache(), generation="fedcba9876543210")
+    assert info.value.status == 401
+    assert info.value.to_dict()["error"] == "stale_target"
+    assert info.value.to_dict()["outcome"] == "not_run"
+    # The generation header cannot be rewritten to match: it is signed.
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify(
+            {**headers, signing.GENERATION_HEADER: "fedcba9876543210"},
+            generation="fedcba9876543210",
+        )
 
 
 @pytest.mark.parametrize("missing", signing.SIGNED_HEADERS)
@@ -145,6 +196,8 @@ def test_stale_or_future_timestamps_are_refused(skew: float) -> None:
         (signing.TIMESTAMP_HEADER, "-5", "timestamp"),
         (signing.NONCE_HEADER, "short", "nonce"),
         (signing.SOURCE_HEADER, "a/b", "node id"),
+        (signing.GENERATION_HEADER, "g g", "generation"),
+        (signing.GENERATION_HEADER, "g" * 129, "generation"),
     ],
 )
 def test_malformed_fields(header: str, value: str, match: str) -> None:
@@ -207,13 +260,25 @@ def test_cache_is_bounded_and_never_lets_an_evicted_nonce_replay() -> None:
 
 def test_key_must_be_32_bytes() -> None:
     with pytest.raises(ValueError, match="32 bytes"):
-        sign_request(b"short", "POST", PATH, BODY, source="a", target="b")
+        sign_request(b"short", "POST", PATH, BODY, source="a", target="b", target_generation="g")
     with pytest.raises(ValueError):
         NonceCache(max_entries=0)
 
 
 @given(
-    field=st.sampled_from(["method", "path", "body", "source", "target", "timestamp", "nonce"]),
+    field=st.sampled_from(
+        [
+            "method",
+            "path",
+            "body",
+            "source",
+            "target",
+            "target_generation",
+            "timestamp",
+            "nonce",
+            "idempotency_key",
+        ]
+    ),
     junk=st.text(alphabet="0123456789abcdef", min_size=1, max_size=4),
 )
 def test_changing_any_signed_field_breaks_the_signature(field: str, junk: str) -> None:
@@ -223,8 +288,10 @@ def test_changing_any_signed_field_breaks_the_signature(field: str, junk: str) -
         "body": BODY,
         "source": "node-a",
         "target": "node-b",
+        "target_generation": GEN,
         "timestamp": "1700000000000",
         "nonce": "0" * 32,
+        "idempotency_key": "k",
     }
     original = signing.compute_signature(KEY, signing.string_to_sign(**fields))  # type: ignore[arg-type]
     value = fields[field]

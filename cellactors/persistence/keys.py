@@ -30,9 +30,15 @@ def validate_cell_id(cell_id: str) -> str:
 
 
 def make_cell_id(cls_name: str, name: str) -> str:
-    """Build and validate the cell id for class ``cls_name`` and instance ``name``."""
-    if not cls_name or ":" in cls_name:
+    """Build and validate the cell id for class ``cls_name`` and instance ``name``.
+
+    The name must not be ``.`` or ``..``: they are path segments in an HTTP route and in
+    local file names, so every entry point (HTTP, ``Node.call``, ``Node.cell``) refuses them
+    here."""
+    if not cls_name or ":" in cls_name or cls_name in (".", ".."):
         raise InvalidCellId(f"invalid class name {cls_name!r} for a cell id")
+    if name in (".", ".."):
+        raise InvalidCellId(f"invalid cell id {cls_name}:{name}: the name may not be {name!r}")
     return validate_cell_id(f"{cls_name}:{name}")
 
 

@@ -8,10 +8,17 @@ listen on a private address. The public app has no internal route at all.
 
 Calls into the node block (the answer waits for durability), so they run in worker threads
 under a capacity limiter: a slow cell never blocks the event loop or health checks.
+
+Every error answer says whether the call ran (``outcome``: ``not_run``, ``unknown`` or
+``failed``, see :mod:`cellactors.errors`), and is a JSON (or msgpack) body even when the
+request dies in an unexpected way: an outermost guard turns bugs into ``internal``
+(``unknown``) and a request cancelled by the server's shutdown into ``not_durable`` (or
+``node_unavailable`` if it had not reached the node yet).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -23,10 +30,13 @@ import anyio
 import anyio.to_thread
 import httpx
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cellactors.errors import (
     NOT_RUN,
@@ -39,6 +49,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
+from cellactors.persistence import keys
 from cellactors.server import codec, signing
 
 log = logging.getLogger("cellactors.server")
@@ -49,6 +60,7 @@ NODE_HEADER = "X-Cellactors-Node"
 CELL_ROUTE = "/cells/{cls_name}/{name}/{method}"
 INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"
 SERVING = "serving"
+_PROGRESS = "cellactors.progress"  # scope key of the request's _Progress
 
 
 class NodeLike(Protocol):
@@ -68,7 +80,11 @@ class NodeLike(Protocol):
         *,
         forwarded: bool = False,
         timeout: float = 30.0,
+        key: str | None = None,
+        result_check: Callable[[Any], None] | None = None,
     ) -> Any: ...
+
+    def may_answer(self) -> bool: ...
 
     def state(self) -> dict[str, Any]: ...
 
@@ -94,6 +110,7 @@ class ServerSettings:
     retry_after_seconds: int = 1
     keep_alive_timeout: float = 75.0  # server side; longer than typical client pool expiry
     graceful_timeout: float = 60.0  # after drain, how long in-flight requests may take
+    fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often
 
 
@@ -113,13 +130,18 @@ class InternalError(CallError):
 
 
 def error_response(
-    err: CallError, encoding: codec.Encoding, node_id: str, retry_after: int = 1
+    err: CallError,
+    encoding: codec.Encoding,
+    node_id: str,
+    retry_after: int = 1,
+    *,
+    close: bool = False,
 ) -> Response:
     """A machine-readable error answer; 503s carry Retry-After."""
     headers = {NODE_HEADER: node_id}
     if err.status == 503:
         headers["Retry-After"] = str(retry_after)
-    if isinstance(err, codec.PayloadTooLarge) and not err.drained:
+    if close or (isinstance(err, codec.PayloadTooLarge) and not err.drained):
         headers["Connection"] = "close"
     return Response(
         codec.encode_error(err, encoding),
@@ -138,6 +160,20 @@ def _as_call_error(exc: BaseException) -> CallError:
     return InternalError(f"{type(exc).__name__}: {exc}")
 
 
+class _Progress:
+    """How far one request got: once ``handed_over`` is set, the call may run (or have run)
+    on some node, so losing its answer makes its outcome unknown."""
+
+    handed_over = False
+
+
+def _hand_over(request: Request) -> None:
+    """Mark the request as handed to a node (set before, never after, the hand-over)."""
+    progress = request.scope.get(_PROGRESS)
+    if isinstance(progress, _Progress):
+        progress.handed_over = True
+
+
 class _Core:
     """State shared by the handlers of one app: node, key, settings, limiter."""
 
@@ -153,17 +189,31 @@ class _Core:
         """Run a blocking node method in a worker thread under the call limiter."""
         return await anyio.to_thread.run_sync(func, *args, limiter=self.limiter)
 
-    def error(self, err: CallError, encoding: codec.Encoding) -> Response:
-        return error_response(err, encoding, self.node.node_id, self.settings.retry_after_seconds)
+    def error(self, err: CallError, encoding: codec.Encoding, *, close: bool = False) -> Response:
+        return error_response(
+            err, encoding, self.node.node_id, self.settings.retry_after_seconds, close=close
+        )
 
-    def ok(self, result: Any, encoding: codec.Encoding) -> Response:
+    def ok(self, result: Any, encoding: codec.Encoding, check: codec.ResultCheck) -> Response:
+        """The success answer, unless the node may no longer answer (fenced, stopped, lease
+        deadline passed while the answer was held): then the outcome is unknown."""
         try:
-            body = codec.encode_result(result, encoding)
-        except (TypeError, ValueError, OverflowError) as e:
-            # The call already ran (and is durable): say so rather than invite a retry.
+            body = check.body_for(result)
+        except codec.ENCODE_ERRORS as e:
+            # The result check refuses these before commit; a result that still cannot be
+            # encoded (e.g. a recorded result replayed in another encoding) has run.
             log.error("result of a call is not encodable as %s: %s", encoding, e)
             return self.error(
-                InternalError(f"the call succeeded but its result is not {encoding}: {e}"),
+                InternalError(f"the call ran but its result is not encodable as {encoding}: {e}"),
+                encoding,
+            )
+        if not self.node.may_answer():
+            log.warning("node %s may no longer answer; a held result is dropped", self.node.node_id)
+            return self.error(
+                NotDurable(
+                    f"node {self.node.node_id} fenced or stopped while the answer was held; "
+                    "the call may or may not have taken effect"
+                ),
                 encoding,
             )
         return Response(
@@ -180,12 +230,14 @@ class _Core:
         )
         return body, codec.decode_kwargs(body, encoding)
 
-    def check_target(self, cls_name: str, method: str) -> None:
-        """Refuse unknown classes and private methods before touching a thread."""
+    def check_target(self, cls_name: str, name: str, method: str) -> None:
+        """Refuse unknown classes, private methods and bad cell ids before touching a
+        thread."""
         if cls_name not in self.node.classes:
             raise UnknownCell(f"no served cell class {cls_name!r}")
         if method.startswith("_"):
             raise UnknownCell(f"{cls_name} has no public method {method!r}")
+        keys.make_cell_id(cls_name, name)
 
     def healthz(self, request: Request) -> Response:
         node = self.node
@@ -198,19 +250,106 @@ class _Core:
         )
 
 
+class _AnswerGuard:
+    """Outermost handler of every request (pure ASGI): whatever happens, an answer that has
+    not started yet is a machine-readable error with its outcome class.
+
+    - A bug anywhere below: 500 ``internal`` (``unknown``), logged once with its traceback,
+      instead of Starlette's plain-text 500.
+    - The request cancelled (uvicorn cancels requests still running when the graceful
+      shutdown period ends, e.g. after a self-fence): 503 ``not_durable`` if the call was
+      handed to a node, else 503 ``node_unavailable``; the connection is closed.
+    - The client went away while sending its body: one log line, no traceback (nothing ran,
+      and nobody is left to answer).
+    """
+
+    def __init__(self, app: ASGIApp, core: _Core) -> None:
+        self.app = app
+        self.core = core
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        progress = _Progress()
+        scope[_PROGRESS] = progress
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except ClientDisconnect:
+            log.info("client disconnected before sending its whole body: %s", scope.get("path"))
+        except asyncio.CancelledError:
+            if started:
+                raise
+            err: CallError = (
+                NotDurable("the node stopped while the call was in progress; outcome unknown")
+                if progress.handed_over
+                else NodeUnavailable("the node stopped before the call was handed over")
+            )
+            log.warning("answering %s to a request cut short: %s", err.code, scope.get("path"))
+            # The task is ending anyway; answer instead of letting uvicorn send a plain 500.
+            await self._answer(err, scope, send)
+        except Exception as e:
+            log.exception("unexpected failure serving %s", scope.get("path"))
+            if started:
+                raise
+            await self._answer(InternalError(f"{type(e).__name__}: {e}"), scope, send)
+
+    async def _answer(self, err: CallError, scope: Scope, send: Send) -> None:
+        encoding = codec.encoding_for(Headers(scope=scope).get("content-type"))
+        response = self.core.error(err, encoding, close=True)
+        with contextlib.suppress(OSError, RuntimeError):  # the connection may be gone too
+            await response(scope, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Router errors (no such route, wrong method) as JSON like every other answer."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
     return JSONResponse(
-        {"error": code, "message": detail, "retryable": False},
+        {"error": code, "message": detail, "outcome": NOT_RUN, "retryable": False},
         status_code=status,
         headers=getattr(exc, "headers", None),
     )
 
 
 _EXCEPTION_HANDLERS: dict[Any, Callable[..., Any]] = {404: _http_error, 405: _http_error}
+
+# Failures of a forward after which the request certainly was not sent.
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+# Answers after which the owner certainly did not run the call and a fresh route may differ.
+_REROUTE_CODES = frozenset({StaleRoute.code, NodeUnavailable.code})
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call as the public app routes it."""
+
+    cls_name: str
+    name: str
+    method: str
+    kwargs: dict[str, Any]
+    body: bytes
+    encoding: codec.Encoding
+    key: str | None
 
 
 class _PublicCore(_Core):
@@ -245,118 +384,147 @@ class _PublicCore(_Core):
         method = request.path_params["method"]
         encoding = codec.encoding_for(request.headers.get("content-type"))
         try:
-            self.check_target(cls_name, method)
+            key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
+            self.check_target(cls_name, name, method)
             body, kwargs = await self.read_kwargs(request, encoding)
-            return await self.route(cls_name, name, method, kwargs, body, encoding)
+            call = _Call(cls_name, name, method, kwargs, body, encoding, key)
+            return await self.route(request, call)
         except (CallError, InvalidCellId) as e:
             return self.error(_as_call_error(e), encoding)
 
-    async def route(
-        self,
-        cls_name: str,
-        name: str,
-        method: str,
-        kwargs: dict[str, Any],
-        body: bytes,
-        encoding: codec.Encoding,
-    ) -> Response:
-        """Run locally or forward; after a stale-route answer, forget and route once more."""
+    async def route(self, request: Request, call: _Call) -> Response:
+        """Run locally or forward. Only an answer proving that the call ran nowhere
+        (``not_run``: stale route, unavailable or unreachable owner, owner restarted) makes
+        this node forget its route and decide once more; never a third hop."""
+        check = codec.ResultCheck(call.encoding)
         for attempt in (1, 2):
+            _hand_over(request)
             try:
-                result = await self.run(self._call, cls_name, name, method, kwargs)
+                result = await self.run(self._call, call, check)
             except RemoteOwner as owner:
-                answer = await self.forward(owner, cls_name, name, method, body, encoding)
-                if attempt == 1 and _should_reroute(answer):
-                    # Stale, draining or unreachable owner: the call ran nowhere, so forget the
-                    # cached route and decide again from the bucket (the cell may be free now).
-                    log.info("stale route to %s for %s:%s; refreshing", owner.node, cls_name, name)
-                    await self.run(self.node.forget_route, cls_name, name)
+                answer, reroute = await self.forward(owner, call)
+                if attempt == 1 and reroute:
+                    # The call ran nowhere: forget the cached route and decide again from the
+                    # bucket (the cell may be free now, or its owner restarted).
+                    log.info(
+                        "route to %s for %s:%s is stale; refreshing",
+                        owner.node,
+                        call.cls_name,
+                        call.name,
+                    )
+                    await self.run(self.node.forget_route, call.cls_name, call.name)
                     continue
                 return answer
             except Exception as e:  # every failure becomes an answer
                 err = _as_call_error(e)
                 if isinstance(err, InternalError):
-                    log.exception("call %s:%s.%s failed unexpectedly", cls_name, name, method)
-                return self.error(err, encoding)
-            return self.ok(result, encoding)
+                    log.exception(
+                        "call %s:%s.%s failed unexpectedly", call.cls_name, call.name, call.method
+                    )
+                return self.error(err, call.encoding)
+            return self.ok(result, call.encoding, check)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _call(self, cls_name: str, name: str, method: str, kwargs: dict[str, Any]) -> Any:
+    def _call(self, call: _Call, check: codec.ResultCheck) -> Any:
         return self.node.call(
-            cls_name, name, method, kwargs, forwarded=False, timeout=self.settings.call_timeout
+            call.cls_name,
+            call.name,
+            call.method,
+            call.kwargs,
+            forwarded=False,
+            timeout=self.settings.call_timeout,
+            key=call.key,
+            result_check=check,
         )
 
-    async def forward(
-        self,
-        owner: RemoteOwner,
-        cls_name: str,
-        name: str,
-        method: str,
-        body: bytes,
-        encoding: codec.Encoding,
-    ) -> Response:
-        """Send the call, signed, to the owner's internal listener; pass its answer through."""
-        path = INTERNAL_CELL_ROUTE.format(cls_name=cls_name, name=name, method=method)
+    async def forward(self, owner: RemoteOwner, call: _Call) -> tuple[Response, bool]:
+        """Send the call, signed for the owner's process, to its internal listener; pass its
+        answer through. Returns the answer and whether the call provably ran nowhere (so
+        routing again is safe)."""
+        encoding = call.encoding
+        parts = (call.cls_name, call.name, call.method)
+        path = INTERNAL_CELL_ROUTE.format(cls_name=parts[0], name=parts[1], method=parts[2])
         url = (
             _base_url(owner.addr)
             + "/internal/cells/"
-            + "/".join(quote(part, safe="") for part in (cls_name, name, method))
+            + "/".join(quote(part, safe="") for part in parts)
         )
         headers = signing.sign_request(
-            self.key, "POST", path, body, source=self.node.node_id, target=owner.node
+            self.key,
+            "POST",
+            path,
+            call.body,
+            source=self.node.node_id,
+            target=owner.node,
+            target_generation=owner.generation,
+            idempotency_key=call.key,
         )
         headers["Content-Type"] = codec.CONTENT_TYPES[encoding]
         try:
-            peer = await self.client().post(url, content=body, headers=headers)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+            peer = await self.client().post(url, content=call.body, headers=headers)
+        except _NOT_SENT as e:
             # Nothing was sent: the call did not run anywhere, another try is safe.
-            return self.error(
-                NodeUnavailable(f"owner {owner.node} at {owner.addr} is unreachable: {e!r}"),
-                encoding,
+            err: CallError = NodeUnavailable(
+                f"owner {owner.node} at {owner.addr} is unreachable: {e!r}"
             )
+            return self.error(err, encoding), True
         except httpx.HTTPError as e:
-            # Sent, but no answer: the call may have run on the owner.
-            return self.error(
-                NotDurable(f"forwarded call to {owner.node} has an unknown outcome: {e!r}"),
-                encoding,
+            # Sent (maybe in part), but no answer: the call may have run on the owner.
+            err = NotDurable(f"forwarded call to {owner.node} has an unknown outcome: {e!r}")
+            return self.error(err, encoding), False
+        if peer.is_success:
+            return _pass_through(peer, encoding), False
+        payload = _error_payload(peer)
+        if payload is None:
+            # Not an answer of ours (a proxy, or a crashed peer): it may have run there.
+            log.error(
+                "owner %s answered HTTP %d without an error body", owner.node, peer.status_code
             )
-        if peer.status_code == 401:
-            log.error("peer %s refused our signature: %s", owner.node, peer.text[:200])
-            return self.error(
-                PeerRefused(f"owner {owner.node} refused this node's signed forward"), encoding
+            err = NotDurable(
+                f"owner {owner.node} answered HTTP {peer.status_code} without an error body; "
+                "the call may or may not have run"
             )
-        headers_out = {
-            k: v
-            for k, v in peer.headers.items()
-            if k.lower() in ("retry-after", NODE_HEADER.lower())
-        }
-        return Response(
-            peer.content,
-            status_code=peer.status_code,
-            headers=headers_out,
-            media_type=peer.headers.get("content-type", codec.CONTENT_TYPES[encoding]),
-        )
+            return self.error(err, encoding), False
+        code, outcome = payload.get("error"), payload.get("outcome")
+        if peer.status_code == signing.Unauthorized.status:
+            if code == signing.StaleTarget.code:
+                log.info("owner %s restarted since its route was cached", owner.node)
+                err = StaleRoute(f"owner {owner.node} restarted since this node looked it up")
+                return self.error(err, encoding), True
+            log.error("peer %s refused our signature: %s", owner.node, payload.get("message"))
+            err = PeerRefused(f"owner {owner.node} refused this node's signed forward")
+            return self.error(err, encoding), False
+        reroute = outcome == NOT_RUN and code in _REROUTE_CODES
+        return _pass_through(peer, encoding), reroute
+
+
+def _pass_through(peer: httpx.Response, encoding: codec.Encoding) -> Response:
+    """The owner's answer, unchanged: status, body, content type and our headers."""
+    headers_out = {
+        k: v for k, v in peer.headers.items() if k.lower() in ("retry-after", NODE_HEADER.lower())
+    }
+    return Response(
+        peer.content,
+        status_code=peer.status_code,
+        headers=headers_out,
+        media_type=peer.headers.get("content-type", codec.CONTENT_TYPES[encoding]),
+    )
+
+
+def _error_payload(peer: httpx.Response) -> dict[str, Any] | None:
+    """The decoded error object of a peer's answer, or None if it is not one."""
+    try:
+        payload = codec.decode(peer.content, codec.encoding_for(peer.headers.get("content-type")))
+    except CallError:
+        return None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        return payload
+    return None
 
 
 def _base_url(addr: str) -> str:
     addr = addr.rstrip("/")
     return addr if "://" in addr else f"http://{addr}"
-
-
-def _should_reroute(resp: Response) -> bool:
-    """The forward did not run the call and a fresh route may differ."""
-    if resp.status_code not in (StaleRoute.status, NodeUnavailable.status):
-        return False
-    try:
-        payload = codec.decode(
-            bytes(resp.body), codec.encoding_for(resp.headers.get("content-type"))
-        )
-    except CallError:
-        return False
-    return isinstance(payload, dict) and payload.get("error") in (
-        StaleRoute.code,
-        NodeUnavailable.code,
-    )
 
 
 class _InternalCore(_Core):
@@ -371,6 +539,7 @@ class _InternalCore(_Core):
         name = request.path_params["name"]
         method = request.path_params["method"]
         encoding = codec.encoding_for(request.headers.get("content-type"))
+        check = codec.ResultCheck(encoding)
         try:
             body = await codec.read_body(
                 request.stream(),
@@ -384,12 +553,17 @@ class _InternalCore(_Core):
                 body,
                 request.headers,
                 expected_target=self.node.node_id,
+                expected_generation=self.node.generation,
                 nonces=self.nonces,
                 window=self.settings.signature_window,
             )
-            self.check_target(cls_name, method)
+            key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
+            self.check_target(cls_name, name, method)
             kwargs = codec.decode_kwargs(body, encoding)
-            result = await self.run(self._call, cls_name, name, method, kwargs)
+            _hand_over(request)
+            result = await self.run(self._call, cls_name, name, method, kwargs, key, check)
+        except ClientDisconnect:
+            raise  # the answer guard logs it; nobody is left to answer
         except RemoteOwner as e:
             # Runtime contract says this cannot happen for forwarded calls; never multi-hop.
             return self.error(StaleRoute(f"not the owner of {cls_name}:{name} ({e})"), encoding)
@@ -401,11 +575,26 @@ class _InternalCore(_Core):
                 log.exception("forwarded call %s failed unexpectedly", request.url.path)
             return self.error(err, encoding)
         log.debug("forwarded call from %s: %s:%s.%s", source, cls_name, name, method)
-        return self.ok(result, encoding)
+        return self.ok(result, encoding, check)
 
-    def _call(self, cls_name: str, name: str, method: str, kwargs: dict[str, Any]) -> Any:
+    def _call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        key: str | None,
+        check: codec.ResultCheck,
+    ) -> Any:
         return self.node.call(
-            cls_name, name, method, kwargs, forwarded=True, timeout=self.settings.call_timeout
+            cls_name,
+            name,
+            method,
+            kwargs,
+            forwarded=True,
+            timeout=self.settings.call_timeout,
+            key=key,
+            result_check=check,
         )
 
     async def state(self, request: Request) -> Response:
@@ -434,7 +623,12 @@ def build_public_app(
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/healthz", core.healthz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers=_EXCEPTION_HANDLERS, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(_AnswerGuard, core=core)],
+        exception_handlers=_EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
     app.state.core = core
     return app
 
@@ -450,6 +644,10 @@ def build_internal_app(
         Route("/metrics", core.metrics, methods=["GET"]),
         Route("/healthz", core.healthz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers=_EXCEPTION_HANDLERS)
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(_AnswerGuard, core=core)],
+        exception_handlers=_EXCEPTION_HANDLERS,
+    )
     app.state.core = core
     return app

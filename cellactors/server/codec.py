@@ -5,7 +5,11 @@ and an error answer is :meth:`CallError.to_dict`. The body is read with a size l
 enforced while streaming, so an oversized body never sits in memory.
 
 JSON cannot carry bytes, so bytes travel as ``{"$bytes": "<base64>"}`` in JSON bodies (both
-directions); msgpack carries them natively.
+directions); msgpack carries them natively. JSON is strict both ways: ``NaN`` and
+``Infinity`` are refused on input and cannot be encoded on output (they are not JSON).
+
+The ``Idempotency-Key`` header and its syntax live here too, because the client, the public
+app and the peer signature all need them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -29,6 +34,29 @@ CONTENT_TYPES: dict[Encoding, str] = {"json": JSON_TYPE, "msgpack": MSGPACK_TYPE
 
 DEFAULT_MAX_BODY = 1 << 20
 BYTES_TAG = "$bytes"
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def is_valid_key(key: object) -> bool:
+    """Whether ``key`` is a valid idempotency key: 1-128 characters of ``[A-Za-z0-9._:-]``."""
+    return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
+
+
+def idempotency_key(values: list[str]) -> str | None:
+    """The request's idempotency key from its ``Idempotency-Key`` header values (None when
+    absent); a malformed or repeated header is a :class:`BadRequest`."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{IDEMPOTENCY_HEADER} given {len(values)} times")
+    if not is_valid_key(values[0]):
+        raise BadRequest(
+            f"invalid {IDEMPOTENCY_HEADER} {values[0][:140]!r}: use 1-128 characters "
+            "from [A-Za-z0-9._:-]"
+        )
+    return values[0]
 
 
 class PayloadTooLarge(BadRequest):
@@ -110,12 +138,18 @@ def _json_hook(obj: dict[str, Any]) -> Any:
     return obj
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def encode(value: Any, encoding: Encoding) -> bytes:
-    """Serialize ``value``; raises ``TypeError``/``ValueError`` if it cannot be encoded."""
+    """Serialize ``value``; raises ``TypeError``/``ValueError``/``OverflowError`` if it
+    cannot be encoded (in JSON that includes NaN and infinite floats)."""
     if encoding == "msgpack":
         packed: bytes = msgpack.packb(value, use_bin_type=True)
         return packed
-    return json.dumps(value, default=_json_default, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(value, default=_json_default, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
 
 
 def decode(body: bytes, encoding: Encoding) -> Any:
@@ -123,7 +157,7 @@ def decode(body: bytes, encoding: Encoding) -> Any:
     try:
         if encoding == "msgpack":
             return msgpack.unpackb(body, raw=False, strict_map_key=False)
-        return json.loads(body, object_hook=_json_hook)
+        return json.loads(body, object_hook=_json_hook, parse_constant=_refuse_constant)
     except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
         raise BadRequest(f"malformed {encoding} body: {e}") from None
 
@@ -144,6 +178,37 @@ def decode_kwargs(body: bytes, encoding: Encoding) -> dict[str, Any]:
 def encode_result(result: Any, encoding: Encoding) -> bytes:
     """The success body ``{"result": result}``."""
     return encode({"result": result}, encoding)
+
+
+#: What :func:`encode` raises for a value it cannot carry.
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
+
+
+class ResultCheck:
+    """A ``result_check`` for ``Node.call``: refuses a result that cannot be encoded in the
+    request's encoding, inside the call's transaction, so the call is rolled back (422
+    ``bad_result``) instead of committing and then failing to answer.
+
+    The body it encoded is kept, so the answer does not encode the same result twice.
+    """
+
+    def __init__(self, encoding: Encoding) -> None:
+        self.encoding: Encoding = encoding
+        self._result: Any = None
+        self._body: bytes | None = None
+
+    def __call__(self, result: Any) -> None:
+        try:
+            body = encode_result(result, self.encoding)
+        except ENCODE_ERRORS as e:
+            raise ValueError(f"the result cannot be encoded as {self.encoding}: {e}") from None
+        self._result, self._body = result, body
+
+    def body_for(self, result: Any) -> bytes:
+        """The success body for ``result``; raises like :func:`encode` if not encodable."""
+        if self._body is not None and self._result is result:
+            return self._body
+        return encode_result(result, self.encoding)
 
 
 def encode_error(err: CallError, encoding: Encoding) -> bytes:

@@ -5,6 +5,11 @@ worker thread, while both listeners keep answering (``/healthz`` turns 503 at on
 ``node.status`` changes, in-flight calls finish), then the servers stop and the exit code is
 0. Self-fence (:meth:`Runner.on_fence`, callable from any thread, or ``node.status`` seen as
 ``"fenced"``): a line starting ``SELF-FENCE:`` is written and the runner exits with code 3.
+
+Requests still running when the servers' grace period ends (``graceful_timeout`` after a
+drain, ``fence_grace_seconds`` after a fence) are cancelled by uvicorn; the apps' answer
+guard turns each into a JSON (or msgpack) 503 with its outcome class instead of uvicorn's
+plain-text 500.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ EXIT_ERROR = 1
 EXIT_FENCED = 3
 FENCED = "fenced"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-FENCE_GRACE_SECONDS = 2.0  # the process must exit within 5 s of a fence
 
 
 class FenceLatch:
@@ -220,7 +224,7 @@ class Runner:
         if self.fence.tripped:
             code = self._fenced()
             for server in self._servers:
-                server.config.timeout_graceful_shutdown = int(FENCE_GRACE_SECONDS)
+                server.config.timeout_graceful_shutdown = int(self.settings.fence_grace_seconds)
         await self._stop_servers(tasks)
         return code
 

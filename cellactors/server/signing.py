@@ -1,10 +1,13 @@
 """Signing of node-to-node requests with the 32-byte fleet key (HMAC-SHA256).
 
 The signature covers the method, the path, sha256 of the body, the source and target node
-ids, a timestamp and a random nonce. The receiver refuses requests that are unsigned,
-wrongly signed, meant for another node, outside the +-30 s window, or that replay a nonce it
-has already seen. Everything here is pure (the clock is a parameter) except
-:class:`NonceCache`, which is a small thread-safe set with expiry.
+ids, the target's process generation, a timestamp, a random nonce and the call's idempotency
+key. The receiver refuses requests that are unsigned, wrongly signed, meant for another node
+or for another process of this node (an earlier or later generation: so a captured request
+cannot be replayed against a restarted receiver, whose nonce cache is empty), outside the
++-30 s window, or that replay a nonce it has already seen. Everything here is pure (the
+clock is a parameter) except :class:`NonceCache`, which is a small thread-safe set with
+expiry.
 """
 
 from __future__ import annotations
@@ -19,19 +22,31 @@ import time
 from collections.abc import Mapping
 
 from cellactors.errors import NOT_RUN, CallError
+from cellactors.server.codec import IDEMPOTENCY_HEADER
 
 SOURCE_HEADER = "X-Cellactors-Source"
 TARGET_HEADER = "X-Cellactors-Target"
+GENERATION_HEADER = "X-Cellactors-Target-Generation"
 TIMESTAMP_HEADER = "X-Cellactors-Timestamp"
 NONCE_HEADER = "X-Cellactors-Nonce"
 SIGNATURE_HEADER = "X-Cellactors-Signature"
-SIGNED_HEADERS = (SOURCE_HEADER, TARGET_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER)
+#: Headers every signed request carries (the idempotency key is signed too, but optional).
+SIGNED_HEADERS = (
+    SOURCE_HEADER,
+    TARGET_HEADER,
+    GENERATION_HEADER,
+    TIMESTAMP_HEADER,
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+)
+KEY_HEADER = IDEMPOTENCY_HEADER
 
-SCHEME = "cellactors-hmac-v1"
+SCHEME = "cellactors-hmac-v2"
 DEFAULT_WINDOW = 30.0
 KEY_BYTES = 32
-_NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
-_NODE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_NONCE_RE = re.compile(r"[0-9a-f]{32}")
+_NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_GENERATION_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 class Unauthorized(CallError):
@@ -42,15 +57,32 @@ class Unauthorized(CallError):
     outcome = NOT_RUN
 
 
+class StaleTarget(Unauthorized):
+    """A correctly signed request for another process generation of this node: a replay
+    across a restart, or a sender whose route to this node predates its restart. Not
+    executed; the sender may look the owner up again."""
+
+    code = "stale_target"
+
+
 def _check_key(key: bytes) -> None:
     if not isinstance(key, bytes) or len(key) != KEY_BYTES:
         raise ValueError(f"the fleet key must be {KEY_BYTES} bytes")
 
 
 def string_to_sign(
-    method: str, path: str, body: bytes, source: str, target: str, timestamp: str, nonce: str
+    method: str,
+    path: str,
+    body: bytes,
+    source: str,
+    target: str,
+    target_generation: str,
+    timestamp: str,
+    nonce: str,
+    idempotency_key: str = "",
 ) -> bytes:
-    """The canonical bytes the HMAC covers, one field per line."""
+    """The canonical bytes the HMAC covers, one field per line; an absent idempotency key is
+    the empty line (a present key is never empty)."""
     fields = (
         SCHEME,
         method.upper(),
@@ -58,8 +90,10 @@ def string_to_sign(
         hashlib.sha256(body).hexdigest(),
         source,
         target,
+        target_generation,
         timestamp,
         nonce,
+        idempotency_key,
     )
     return "\n".join(fields).encode("utf-8")
 
@@ -78,23 +112,41 @@ def sign_request(
     *,
     source: str,
     target: str,
+    target_generation: str,
+    idempotency_key: str | None = None,
     now: float | None = None,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """Headers that authenticate one request from ``source`` to ``target``.
+    """Headers that authenticate one request from ``source`` to the process
+    ``target_generation`` of node ``target`` (from the target's lease), carrying
+    ``idempotency_key`` (if any) in the signed ``Idempotency-Key`` header.
 
     ``path`` is the decoded request path (what the receiver's router sees), without query.
     """
     timestamp = str(int((time.time() if now is None else now) * 1000))
     nonce = secrets.token_hex(16) if nonce is None else nonce
-    message = string_to_sign(method, path, body, source, target, timestamp, nonce)
-    return {
+    message = string_to_sign(
+        method,
+        path,
+        body,
+        source,
+        target,
+        target_generation,
+        timestamp,
+        nonce,
+        idempotency_key or "",
+    )
+    headers = {
         SOURCE_HEADER: source,
         TARGET_HEADER: target,
+        GENERATION_HEADER: target_generation,
         TIMESTAMP_HEADER: timestamp,
         NONCE_HEADER: nonce,
         SIGNATURE_HEADER: compute_signature(key, message),
     }
+    if idempotency_key is not None:
+        headers[KEY_HEADER] = idempotency_key
+    return headers
 
 
 class NonceCache:
@@ -159,14 +211,17 @@ def verify_request(
     headers: Mapping[str, str],
     *,
     expected_target: str,
+    expected_generation: str,
     nonces: NonceCache,
     now: float | None = None,
     window: float = DEFAULT_WINDOW,
 ) -> str:
-    """Check a peer request and return its source node id, or raise :class:`Unauthorized`.
+    """Check a peer request and return its source node id, or raise :class:`Unauthorized`
+    (:class:`StaleTarget` when it was signed for another process of this node).
 
-    The nonce is recorded only after the signature has been verified, so a forger cannot
-    fill the replay cache.
+    The ``Idempotency-Key`` header, when present, is covered by the signature: the caller
+    reads it from the same ``headers`` after this returns. The nonce is recorded only after
+    the signature has been verified, so a forger cannot fill the replay cache.
     """
     now = time.time() if now is None else now
     values = {name: _header(headers, name) for name in SIGNED_HEADERS}
@@ -175,22 +230,32 @@ def verify_request(
         raise Unauthorized(f"unsigned request: missing {', '.join(missing)}")
     source = values[SOURCE_HEADER] or ""
     target = values[TARGET_HEADER] or ""
+    generation = values[GENERATION_HEADER] or ""
+    idempotency_key = _header(headers, KEY_HEADER) or ""
     timestamp = values[TIMESTAMP_HEADER] or ""
     nonce = values[NONCE_HEADER] or ""
     signature = values[SIGNATURE_HEADER] or ""
-    if not timestamp.isdigit() or len(timestamp) > 16:
+    if not timestamp.isdigit() or not timestamp.isascii() or len(timestamp) > 16:
         raise Unauthorized("malformed timestamp")
-    if not _NONCE_RE.match(nonce):
+    if not _NONCE_RE.fullmatch(nonce):
         raise Unauthorized("malformed nonce")
-    if not _NODE_RE.match(source) or not _NODE_RE.match(target):
+    if not _NODE_RE.fullmatch(source) or not _NODE_RE.fullmatch(target):
         raise Unauthorized("malformed node id")
-    expected = compute_signature(
-        key, string_to_sign(method, path, body, source, target, timestamp, nonce)
+    if not _GENERATION_RE.fullmatch(generation):
+        raise Unauthorized("malformed target generation")
+    message = string_to_sign(
+        method, path, body, source, target, generation, timestamp, nonce, idempotency_key
     )
+    expected = compute_signature(key, message)
     if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "replace")):
         raise Unauthorized("bad signature")
     if target != expected_target:
         raise Unauthorized(f"request is for node {target!r}, this is {expected_target!r}")
+    if generation != expected_generation:
+        raise StaleTarget(
+            f"request is for process {generation!r} of node {target!r}, this is process "
+            f"{expected_generation!r} (restarted since the sender looked it up)"
+        )
     sent = int(timestamp) / 1000.0
     if abs(now - sent) > window:
         raise Unauthorized(f"stale request: clock is {now - sent:+.1f} s off (window {window} s)")
