@@ -10,7 +10,7 @@ from collections import Counter as Tally
 import pytest
 
 from cellactors.actors.replicator import SnapshotPolicy
-from cellactors.errors import BadRequest, MethodFailed, NotDurable, RemoteOwner, UnknownCell
+from cellactors.errors import BadResult, MethodFailed, NotDurable, RemoteOwner, UnknownCell
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.restore import read_seal
@@ -100,7 +100,7 @@ def test_method_error_rolls_back_and_reports(sw_bucket: S3Bucket) -> None:
         with pytest.raises(MethodFailed) as info:
             cell.fail_after_write("x")
         assert info.value.exc_type == "ValueError"
-        with pytest.raises(BadRequest):
+        with pytest.raises(BadResult):
             cell.bad_result("x")
         with pytest.raises(UnknownCell):
             cell.no_such_method()

@@ -9,12 +9,18 @@ bucket (see :mod:`cellactors.actors.replicator`).
 Lifecycle of an activation: the ownership actor acquires the cell and restores its database,
 then starts the actor and sends :class:`~cellactors.actors.messages.Open`, which runs
 :meth:`CellActor.on_activate` in a transaction; calls queued behind it run next.
+
+A call may carry an idempotency key (see :mod:`cellactors.persistence.calls`): a keyed call
+that writes is recorded in the same transaction; a later call with that key is answered
+from the record, through the same hold, without running.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,7 +30,8 @@ import sqlite_utils
 
 from cellactors.actors.channel import Outcome, ReplicaChannel
 from cellactors.actors.messages import Invoke, Open, TakeImage
-from cellactors.errors import BadRequest, ConfigError, MethodFailed
+from cellactors.errors import UNKNOWN, BadRequest, BadResult, ConfigError, KeyConflict, MethodFailed
+from cellactors.persistence import calls
 from cellactors.persistence.celldb import CellDatabase, to_txn
 
 
@@ -34,6 +41,46 @@ def check_serializable(value: Any, what: str = "result") -> None:
         msgpack.packb(value, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as err:
         raise BadRequest(f"{what} is not msgpack-serializable: {err}") from err
+
+
+def encode_result(value: Any) -> bytes:
+    """msgpack of a method's result; :class:`BadResult` when msgpack cannot carry it."""
+    try:
+        return calls.encode(value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise BadResult(f"result is not msgpack-serializable: {err}") from err
+
+
+def run_result_check(check: Callable[[Any], None], value: Any) -> None:
+    """Run the caller's ``result_check``; whatever it raises becomes :class:`BadResult`."""
+    try:
+        check(value)
+    except BadResult:
+        raise
+    except Exception as err:
+        raise BadResult(f"the result was refused: {err}") from err
+
+
+_signatures: dict[tuple[type, str], inspect.Signature | None] = {}
+
+
+def bound_arguments(
+    cls: type, method: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Parameter name -> value of a call, as ``fn`` would bind it (None if it would not), so a
+    key's arguments compare equal whether they were passed by position or by name."""
+    if (cls, method) not in _signatures:
+        try:
+            _signatures[(cls, method)] = inspect.signature(fn)
+        except (TypeError, ValueError):
+            _signatures[(cls, method)] = None
+    sig = _signatures[(cls, method)]
+    if sig is None:
+        return None
+    try:
+        return dict(sig.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return None  # the call will fail as the method is called; nothing is recorded
 
 
 @dataclass
@@ -138,22 +185,89 @@ class CellActor(pykka.ThreadingActor):
     def _invoke(self, msg: Invoke) -> None:
         msg.started.set()
         fn = getattr(self, msg.method)
-        self._transact(fn, msg.args, msg.kwargs, msg.reply)
+        digest = ""
+        if msg.key is not None:
+            answered, digest = self._replay(msg, fn)
+            if answered:
+                return
+        self._transact(fn, msg.args, msg.kwargs, msg.reply, msg, digest)
+
+    def _replay(self, msg: Invoke, fn: Any) -> tuple[bool, str]:
+        """Answer a keyed call from its record if the key is recorded: (True, ""). Else
+        (False, digest of its arguments), taken before the method can touch them."""
+        assert msg.key is not None
+        rt = self._require_runtime()
+        outcome = Outcome(msg.reply)
+        try:
+            arguments = bound_arguments(type(self), msg.method, fn, msg.args, msg.kwargs)
+            digest = calls.args_digest(arguments, msg.args, msg.kwargs)
+            recorded = rt.database.calls.lookup(msg.key, msg.retention, calls.now_ms())
+            if recorded is None:
+                return False, digest
+            rt.last_used = time.monotonic()
+            if recorded.method != msg.method:
+                raise KeyConflict(
+                    f"idempotency key {msg.key!r} is recorded for method {recorded.method!r}"
+                )
+            if recorded.args_sha256 != digest:
+                raise KeyConflict(
+                    f"idempotency key {msg.key!r} is recorded for {msg.method} with other arguments"
+                )
+            outcome.value = calls.decode(recorded.result)
+            if msg.result_check is not None:
+                try:
+                    run_result_check(msg.result_check, outcome.value)
+                except BadResult as err:
+                    # The recorded call did take effect: "failed" (rolled back) would be false.
+                    err.outcome = UNKNOWN
+                    raise
+        except Exception as err:
+            outcome.error, outcome.value = err, None
+        # Like any answer, it waits for every earlier transaction (the record's included).
+        rt.channel.hold(outcome)
+        rt.channel.note_progress()
+        return True, ""
 
     def _transact(
-        self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], reply: pykka.Future[Any]
+        self,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        reply: pykka.Future[Any],
+        call: Invoke | None = None,
+        digest: str = "",
     ) -> None:
+        """Run one call (or ``on_activate``, with no ``call``) as a transaction and hold its
+        answer; a keyed call that writes is recorded under ``digest`` in the same one."""
         rt = self._require_runtime()
         rt.last_used = time.monotonic()
         outcome = Outcome(reply)
+        key = call.key if call is not None else None
+        encoded = b""
+
+        def check(result: Any) -> None:
+            nonlocal encoded
+            encoded = encode_result(result)
+            # A keyed call answers what its record will replay: the msgpack round trip.
+            outcome.value = calls.decode(encoded) if key is not None else result
+            if call is not None and call.result_check is not None:
+                run_result_check(call.result_check, outcome.value)
+
+        def on_write(_result: Any) -> None:
+            assert call is not None
+            now = calls.now_ms()
+            if key is not None:
+                rt.database.calls.record(key, call.method, digest, encoded, now)
+            rt.database.calls.collect(call.retention, now)
+
         try:
-            outcome.value, changes = rt.database.run(
-                lambda: fn(*args, **kwargs), check_serializable
+            _, changes = rt.database.run(
+                lambda: fn(*args, **kwargs), check, on_write if call is not None else None
             )
-        except BadRequest as err:
-            outcome.error = err
+        except BadResult as err:
+            outcome.error, outcome.value = err, None
         except Exception as err:  # the user's method raised: rolled back, reported
-            outcome.error = MethodFailed(type(err).__name__, str(err))
+            outcome.error, outcome.value = MethodFailed(type(err).__name__, str(err)), None
         else:
             if not changes.empty:
                 image = rt.database.image() if changes.schema_changed else None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
+
+from cellactors.persistence.calls import Retention
 
 
 @dataclass
@@ -19,6 +22,13 @@ class Invoke:
     reply: pykka.Future[Any]
     #: Set by the cell when it takes the call: a stopped actor that never set it never ran it.
     started: threading.Event = field(default_factory=threading.Event)
+    #: The idempotency key: recorded with the call's writes; a recorded key answers from
+    #: the record without running.
+    key: str | None = None
+    #: Runs on the result before commit; raising refuses it (rolled back, ``BadResult``).
+    result_check: Callable[[Any], None] | None = None
+    #: The node's key retention, applied by the write transactions of this call.
+    retention: Retention = field(default_factory=Retention)
 
 
 @dataclass

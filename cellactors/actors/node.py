@@ -29,6 +29,7 @@ from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import acquire
 from cellactors.errors import (
     ActivationFailed,
+    BadRequest,
     CallError,
     NodeUnavailable,
     NotDurable,
@@ -36,7 +37,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.persistence import keys
+from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.leases import LeaseStore
@@ -59,6 +60,17 @@ class NodeSettings:
     advertise: str = ""
     data_dir: Path | None = None
     snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    #: How long a cell remembers an idempotency key (a retry after that runs again).
+    idempotency_window_s: float = calls.DEFAULT_WINDOW_S
+    #: How many keys a cell remembers at most (the oldest are forgotten first).
+    idempotency_max_keys: int = calls.DEFAULT_MAX_KEYS
+
+    def __post_init__(self) -> None:
+        self.retention()  # refuse bad idempotency settings when the node is configured
+
+    def retention(self) -> calls.Retention:
+        """The idempotency-key retention these settings describe."""
+        return calls.Retention(self.idempotency_window_s, self.idempotency_max_keys)
 
 
 class Node:
@@ -182,13 +194,25 @@ class Node:
         cell_id = keys.make_cell_id(cls_name, name)
         kwargs = dict(kwargs or {})
         check_serializable([list(args), kwargs], "arguments")
+        if key is not None and not calls.valid_key(key):
+            limit = calls.MAX_KEY_LENGTH
+            raise BadRequest(f"invalid idempotency key {str(key)[:40]!r}: use 1-{limit} characters")
+        retention = self.settings.retention()
         budget = self.settings.call_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         self.metrics.calls.inc()
         started = time.monotonic()
         for _ in range(3):
             active = self._activate(cell_id, cls, forwarded, max(0.1, deadline - time.monotonic()))
-            invoke = Invoke(method, tuple(args), kwargs, pykka.ThreadingFuture())
+            invoke = Invoke(
+                method,
+                tuple(args),
+                kwargs,
+                pykka.ThreadingFuture(),
+                key=key,
+                result_check=result_check,
+                retention=retention,
+            )
             try:
                 active.cell.tell(invoke)
             except pykka.ActorDeadError:

@@ -156,6 +156,11 @@ def read_sequence(conn: sqlite3.Connection) -> list[list[Any]] | None:
     ]
 
 
+def pending(conn: sqlite3.Connection) -> bool:
+    """Whether the open transaction has touched any captured row so far."""
+    return conn.execute(f"SELECT 1 FROM {CHANGES_TABLE} LIMIT 1").fetchone() is not None
+
+
 def collect(
     conn: sqlite3.Connection, shapes: dict[str, TableShape], schema_changed: bool
 ) -> TxnChanges:

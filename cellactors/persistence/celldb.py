@@ -3,7 +3,8 @@
 The runtime owns transactions. User code gets a sqlite-utils ``Database`` over a connection
 whose ``commit``/``rollback``/context manager are inert, so library helpers that wrap their
 work in ``with conn:`` cannot commit half a call. An authorizer refuses what capture could
-not replicate (virtual tables, ATTACH) and explicit transaction control, with a clear error.
+not replicate (virtual tables, ATTACH), explicit transaction control, and writes to the
+runtime's own tables (:mod:`cellactors.persistence.calls`), with a clear error.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sqlite_utils
 
 from cellactors.persistence import capture
 from cellactors.persistence.batches import Txn
+from cellactors.persistence.calls import CALLS_SQL, CALLS_TABLE, RESERVED_PREFIX, CallLog
 
 T = TypeVar("T")
 
@@ -30,6 +32,26 @@ _DENIED = {
     29: "CREATE VIRTUAL TABLE: virtual tables are not replicated",
     30: "DROP VIRTUAL TABLE: virtual tables are not replicated",
 }
+
+# Actions whose first argument is the table acted on: refused on the runtime's tables.
+_WRITES = {
+    9: "DELETE FROM",  # SQLITE_DELETE
+    11: "DROP TABLE",  # SQLITE_DROP_TABLE
+    18: "INSERT INTO",  # SQLITE_INSERT
+    23: "UPDATE",  # SQLITE_UPDATE
+}
+# Actions whose second argument is the table: an index, trigger or ALTER on the runtime's
+# tables is refused too (a trigger would run user SQL inside the runtime's writes).
+_ON_TABLE = {
+    1: "CREATE INDEX ON",  # SQLITE_CREATE_INDEX
+    3: "CREATE INDEX ON",  # SQLITE_CREATE_TEMP_INDEX
+    5: "CREATE TRIGGER ON",  # SQLITE_CREATE_TEMP_TRIGGER
+    7: "CREATE TRIGGER ON",  # SQLITE_CREATE_TRIGGER
+    26: "ALTER TABLE",  # SQLITE_ALTER_TABLE (arg1 is the schema name)
+}
+# Actions whose first argument names a new object: the runtime's prefix is reserved.
+_CREATES = {1, 2, 3, 4, 5, 6, 7, 8}
+_RUNTIME_TABLES = frozenset({CALLS_TABLE})
 
 
 def _allow_all(*_args: object) -> int:
@@ -76,6 +98,7 @@ class CellDatabase:
         # database, which would look like a schema change; every supported SQLite has it.
         self.db._supports_on_conflict = True
         self._refusal: str | None = None
+        self.calls = CallLog(self.conn)
         self._after_change()
 
     def _connect(self) -> CellConnection:
@@ -88,22 +111,32 @@ class CellDatabase:
         return conn
 
     def _after_change(self) -> None:
+        self.calls.forget()
         self.shapes = capture.install(self.conn)
         self.schema = capture.schema_version(self.conn)
         self.sequence = capture.read_sequence(self.conn)
 
-    def _authorize(self, action: int, *_args: object) -> int:
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_rest: object) -> int:
         reason = _DENIED.get(action)
+        if reason is None:
+            reason = _runtime_refusal(action, arg1, arg2)
         if reason is None:
             return sqlite3.SQLITE_OK
         self._refusal = reason
         return sqlite3.SQLITE_DENY
 
     def run(
-        self, fn: Callable[[], T], check: Callable[[T], None] | None = None
+        self,
+        fn: Callable[[], T],
+        check: Callable[[T], None] | None = None,
+        on_write: Callable[[T], None] | None = None,
     ) -> tuple[T, capture.TxnChanges]:
         """Run ``fn`` as one transaction; commit if it returns (and ``check`` accepts the
-        result), roll back and re-raise if either raises."""
+        result), roll back and re-raise if anything raises.
+
+        ``on_write`` is the runtime's own work in the same transaction (recording the call's
+        key, collecting old keys): it runs after ``check``, without the authorizer, and only
+        when ``fn`` changed something, so a read-only call stays read-only."""
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -115,20 +148,28 @@ class CellDatabase:
                 _clear_authorizer(conn)
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
+            user_changed_schema = capture.schema_version(conn) != self.schema
+            if user_changed_schema:
+                _check_reserved(conn)
             if check is not None:
                 check(result)
+            sequence = capture.read_sequence(conn)  # the runtime's writes never move it
+            if on_write is not None and (
+                user_changed_schema or sequence != self.sequence or capture.pending(conn)
+            ):
+                on_write(result)
             version = capture.schema_version(conn)
             changed = version != self.schema
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
             changes = capture.collect(conn, self.shapes, changed)
-            sequence = capture.read_sequence(conn)
             if sequence != self.sequence:
                 changes.sequence = sequence
             conn.execute("COMMIT")
         except BaseException as err:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self.calls.forget()  # the runtime's writes (if any) were rolled back too
             if self._refusal is not None and isinstance(err, sqlite3.DatabaseError):
                 raise Refused(f"refused: {self._refusal}") from err
             raise
@@ -162,6 +203,7 @@ class CellDatabase:
             self.load_image(txn.image)
             return
         conn = self.conn
+        self.calls.forget()
         conn.execute("BEGIN IMMEDIATE")
         try:
             with capture.without_user_triggers(conn):
@@ -182,6 +224,39 @@ class CellDatabase:
         """Close and delete the local copy (after a reset)."""
         self.close()
         remove_db_files(self.path)
+
+
+def _runtime_refusal(action: int, arg1: str | None, arg2: str | None) -> str | None:
+    """Why user code may not do ``action`` (None: it may): the runtime's tables are read-only
+    to it, and names under the runtime's prefix are not its to create."""
+    verb = _WRITES.get(action)
+    if verb is not None and arg1 in _RUNTIME_TABLES:
+        return f"{verb} {arg1}: the table is the runtime's (user code may only read it)"
+    verb = _ON_TABLE.get(action)
+    if verb is not None and arg2 in _RUNTIME_TABLES:
+        return f"{verb} {arg2}: the table is the runtime's (user code may only read it)"
+    if action in _CREATES and arg1 is not None and arg1.startswith(RESERVED_PREFIX):
+        return f"the name {arg1!r}: names starting with {RESERVED_PREFIX!r} are the runtime's"
+    return None
+
+
+def _check_reserved(conn: sqlite3.Connection) -> None:
+    """After user DDL: no object of the user's bears the runtime's prefix or hangs off a
+    runtime table (catches what the authorizer cannot see, e.g. a RENAME TO the prefix)."""
+    found = conn.execute(
+        "SELECT type, name, sql FROM main.sqlite_master "
+        "WHERE substr(name, 1, ?1) = ?2 OR substr(tbl_name, 1, ?1) = ?2",
+        (len(RESERVED_PREFIX), RESERVED_PREFIX),
+    ).fetchall()
+    for kind, name, sql in found:
+        ours = (kind == "table" and name == CALLS_TABLE and sql == CALLS_SQL) or (
+            kind == "index" and sql is None and str(name).startswith("sqlite_autoindex_")
+        )
+        if not ours:
+            raise Refused(
+                f"refused: {kind} {name!r}: names starting with {RESERVED_PREFIX!r}, and the "
+                "runtime's tables, are the runtime's"
+            )
 
 
 def remove_db_files(path: Path) -> None:
