@@ -1,4 +1,4 @@
-"""The bucket contract (PROTOCOL.md, "The bucket contract"), run against every dialect and
+"""The bucket contract (docs/protocol.md, "Conditional writes"), run against every dialect and
 server the suite can start: SeaweedFS and moto server (S3), fake-gcs-server (GCS)."""
 
 from __future__ import annotations

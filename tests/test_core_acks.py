@@ -1,4 +1,4 @@
-"""Tests of :class:`cellactors.core.acks.AckGate` (PROTOCOL.md, "Writes and the
+"""Tests of :class:`cellactors.core.acks.AckGate` (docs/protocol.md, "Writes and the
 acknowledgement rule")."""
 
 from __future__ import annotations

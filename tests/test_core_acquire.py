@@ -1,4 +1,4 @@
-"""Table-driven tests of :mod:`cellactors.core.acquire` (PROTOCOL.md, "Ownership")."""
+"""Table-driven tests of :mod:`cellactors.core.acquire` (docs/protocol.md, "Ownership")."""
 
 from __future__ import annotations
 

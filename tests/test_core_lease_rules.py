@@ -1,4 +1,4 @@
-"""Tests of :mod:`cellactors.core.lease_rules` (PROTOCOL.md, "Node lease")."""
+"""Tests of :mod:`cellactors.core.lease_rules` (docs/protocol.md, "Node lease and self-fence")."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class NodeSettings:
-    """Tunables of a node; the defaults match PROTOCOL.md."""
+    """Tunables of a node; the defaults match docs/protocol.md."""
 
     lease_ttl: float = 10.0
     op_deadline: float = 15.0

@@ -4,7 +4,7 @@ One upload in flight per cell: the actor handles one message at a time, and each
 takes *everything* committed since the last upload (group commit). After the batch PUT
 succeeds it re-reads ``own.json``; only if the record still names this node at this epoch
 are the held responses released. Anything else, or no proof within the deadline, fails the
-held responses and resets the cell (PROTOCOL.md, "Writes and the acknowledgement rule").
+held responses and resets the cell (docs/protocol.md, "Writes and the acknowledgement rule").
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class Listeners:
 
 
 def plan_listeners(listen: str, internal_listen: str | None, advertise: str | None) -> Listeners:
-    """Check the listener flags against the rules of PROTOCOL.md ("Routing")."""
+    """Check the listener flags against the rules of docs/protocol.md ("Routing and forwarding")."""
     public = parse_address(listen, "--listen")
     if internal_listen is None and not public.is_loopback:
         raise StartupError(

@@ -1,4 +1,4 @@
-"""The acknowledgement gate: which held responses may be released (PROTOCOL.md, "Writes and
+"""The acknowledgement gate: which held responses may be released (docs/protocol.md, "Writes and
 the acknowledgement rule").
 
 Every response of a cell waits until every transaction committed before it is acknowledged.

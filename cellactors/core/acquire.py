@@ -1,4 +1,4 @@
-"""Deciding how to acquire a cell from what the bucket said (PROTOCOL.md, "Ownership").
+"""Deciding how to acquire a cell from what the bucket said (docs/protocol.md, "Ownership").
 
 :func:`decide` is called after reading ``own.json`` and, when it names another node, again
 after reading that node's lease. It never steals from a live owner.

@@ -1,4 +1,4 @@
-"""Node lease decisions (PROTOCOL.md, "Node lease").
+"""Node lease decisions (docs/protocol.md, "Node lease and self-fence").
 
 Time is passed in: ``now_ms`` is wall time (compared with lease expiries written by other
 nodes); ``mono`` is this process's monotonic clock, which anchors the self-fence deadline so

@@ -1,4 +1,4 @@
-"""Planning a restore from a listing of ``cells/<cell>/`` (PROTOCOL.md, "Restore and the
+"""Planning a restore from a listing of ``cells/<cell>/`` (docs/protocol.md, "Restore and the
 epoch seal").
 
 The plan is pure: given what the listing shows and what the seals say, it names the batch

@@ -4,7 +4,7 @@ A bucket is the fleet's control plane and durability root. Keys passed to a :cla
 are relative to the fleet prefix; the dialect adds the prefix, so no caller can build a key
 outside it.
 
-Conditional writes have three outcomes (see PROTOCOL.md, "The bucket contract"):
+Conditional writes have three outcomes (see docs/protocol.md, "Conditional writes"):
 :class:`Applied` (written, with the new token), :class:`Rejected` (the precondition failed),
 and :class:`~cellactors.errors.AmbiguousWrite` raised when the write may or may not have
 committed.

@@ -1,6 +1,7 @@
 """Every key the library writes, built in one place after the cell id is validated.
 
-Keys are relative to the fleet prefix (the bucket adds it). See PROTOCOL.md, "Keys".
+Keys are relative to the fleet prefix (the bucket adds it). See docs/protocol.md, "The bucket
+layout".
 """
 
 from __future__ import annotations
