@@ -192,8 +192,9 @@ def choose_snapshot(
 def proven_txid(listing: Listing, current: int, seals: Mapping[int, int]) -> int:
     """The highest txid that the listing proves is part of the durable history: a snapshot
     at txid s proves s (unless it lies beyond its own epoch's seal); the owner of an epoch
-    wrote its first batch only after restoring everything before it."""
-    proven = 0
+    wrote its first batch only after restoring everything before it; a seal's ``max_txid``
+    was restored by the activation that wrote it."""
+    proven = max([0, *(m for e, m in seals.items() if e < current)])
     for txid, epoch, _key in listing.snapshots:
         if epoch < current and not (epoch in seals and txid > seals[epoch]):
             proven = max(proven, txid)
@@ -201,6 +202,14 @@ def proven_txid(listing: Listing, current: int, seals: Mapping[int, int]) -> int
         if epoch < current and refs:
             proven = max(proven, min(ref.first for ref in refs) - 1)
     return proven
+
+
+def superseded_by(listing: Listing, current: int) -> int | None:
+    """An epoch above ``current`` with anything written in it: a later activation claimed
+    the cell after this one (which then stalled), so this one must not open."""
+    later = [e for e in (*listing.batches, *listing.seals) if e > current]
+    later += [epoch for _txid, epoch, _key in listing.snapshots if epoch > current]
+    return max(later, default=None)
 
 
 def plan_restore(
@@ -219,9 +228,19 @@ def plan_restore(
     snapshot proves, is a :class:`Hole`, never an unacknowledged tail. Only the end of an
     unsealed epoch's chain can be an unacknowledged tail, and it is sealed in whole.
     """
+    newer = superseded_by(listing, current)
+    if newer is not None:
+        return Hole(
+            f"epoch {newer} of this cell was written after this activation's epoch {current}: "
+            "another activation superseded this one"
+        )
     snap = choose_snapshot(listing, current, seals, unusable)
     if isinstance(snap, NeedSeal):
         return snap
+    top = max(listing.seals, default=0)
+    if top and top < current and top not in seals and (snap is None or top >= snap.epoch):
+        # The newest seal proves how far history reached even if its batches are gone.
+        return NeedSeal(top)
     if unusable:
         # A torn object (an upload cut off by a crash, kept by the store) is no batch at
         # all: planning without it drops an unacknowledged tail whole, and turns anything
