@@ -9,7 +9,8 @@ then reads each ledger twice, live through a node's ``entries`` method and throu
 - an acknowledged entry missing;
 - acknowledged entries of one sequential writer out of acknowledgement order;
 - a duplicate entry, or an entry nobody sent;
-- an entry present although its error said ``not_run``;
+- an entry present although its error said ``not_run`` (never ran) or ``failed`` (ran and
+  was rolled back: an append only fails on its UNIQUE entry, i.e. when it ran twice);
 - a live read that is not a prefix of the restored ledger;
 
 and, from the proxies' logs of ``own.json`` PUTs the store applied, on one epoch of a cell
@@ -220,12 +221,13 @@ def entry_violations(source: str, entries: list[str], attempts: Iterable[Attempt
     missing = [a.entry for a in attempts if a.acked and a.entry not in position]
     if missing:
         problems.append(f"{source}: acknowledged but missing {missing[:20]} ({len(missing)})")
-    ghosts = [a for a in attempts if a.outcome == NOT_RUN and a.entry in position]
-    if ghosts:
-        problems.append(
-            f"{source}: present although the error said not_run: "
-            + "; ".join(f"{a.entry} ({a.status} {a.error[:120]})" for a in ghosts[:10])
-        )
+    for outcome in (NOT_RUN, FAILED):
+        ghosts = [a for a in attempts if a.outcome == outcome and a.entry in position]
+        if ghosts:
+            problems.append(
+                f"{source}: present although the error said {outcome}: "
+                + "; ".join(f"{a.entry} ({a.status} {a.error[:160]})" for a in ghosts[:10])
+            )
     sequences: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
         if a.acked and a.entry in position:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import threading
 import time
 
@@ -70,3 +72,96 @@ def test_fence_stops_all_writes_and_held_calls_are_unknown(
     wrong = [a for a in held if a.acked or a.outcome != UNKNOWN]
     assert not wrong, f"held calls not failed as unknown: {wrong}"
     fleet.check([ledger], read_urls=[])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug on current code: Node.fence fails held calls with NodeUnavailable (outcome "
+    "not_run, retryable) even when their batch is already in the bucket; the next owner "
+    "restores that batch, so a caller told not_run (and invited to retry) finds the write "
+    "applied, and a retry would duplicate it",
+)
+def test_call_whose_batch_landed_before_the_fence_is_not_reported_not_run(
+    make_fault_fleet: MakeFaultFleet,
+) -> None:
+    """The owner's batch PUT lands, its ownership re-read is held at the proxy, then every
+    lease request hangs so the owner fences with the call still held. The next owner
+    restores the landed batch; the caller must have been told ``unknown``."""
+    fleet = make_fault_fleet(size=2, lease_ttl=TTL, tag="landed")
+    owner, peer = fleet[0], fleet[1]
+    (ledger,) = warm(fleet, owner, "landed")
+    re_read = owner.proxy.hold(kind="own", method="GET", times=1)
+    answers: list[Attempt] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(ledger.append(owner.public_url, "landed", timeout=40)),
+        daemon=True,
+    )
+    caller.start()
+    re_read.wait_held(1, 10)
+    assert [r for r in owner.proxy.requests(kind="batch", method="PUT") if r.applied][-1:]
+    owner.proxy.hang(kind="lease")
+    owner.wait_fence_time(3 * TTL)
+    caller.join(45)
+    re_read.release()
+    (answer,) = answers
+    assert not answer.acked, answer
+
+    def taken_over() -> bool:
+        return ledger.append(peer.public_url, f"after-{time.time():.3f}").acked
+
+    wait_for("the peer to take the cell over", taken_over, 30)
+    entries = fleet.check([ledger], read_urls=[peer.public_url])["landed"]
+    assert "landed" in entries  # the write is there: only "unknown" was a true answer
+    assert answer.outcome == UNKNOWN, answer
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug on current code: a forwarded call held at an owner that fences is answered "
+    "node_unavailable (not_run), so the forwarding peer re-routes it as a call that ran "
+    "nowhere and runs it again on the new owner, which has already restored the first "
+    "run's batch: the second run fails on the ledger's UNIQUE entry (422 method_failed, "
+    "outcome failed) while the write is in the bucket",
+)
+def test_forwarded_call_held_at_an_owner_that_fences_is_not_run_twice(
+    make_fault_fleet: MakeFaultFleet,
+) -> None:
+    """Peer B forwards a call to owner A; A's batch lands, its ownership re-read is held at
+    the proxy and A is paused. C takes the cell over (restoring A's batch). A resumes and
+    fences with the call still held. The caller must hear ``unknown``, and the call must
+    not run a second time."""
+    fleet = make_fault_fleet(size=3, lease_ttl=TTL, tag="twice")
+    owner, forwarder, taker = fleet[0], fleet[1], fleet[2]
+    (ledger,) = warm(fleet, owner, "twice")
+    re_read = owner.proxy.hold(kind="own", method="GET", times=1)
+    answers: list[Attempt] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(ledger.append(forwarder.public_url, "dup", timeout=40)),
+        daemon=True,
+    )
+    caller.start()
+    re_read.wait_held(1, 10)
+    owner.signal(signal.SIGSTOP)
+    wait_for(
+        "the paused owner's last lease renewal to be answered",
+        lambda: all(r.answered is not None for r in owner.proxy.requests(kind="lease")),
+        5,
+    )
+    lease = fleet.bucket.get(f"nodes/{owner.node_id}.json")
+    assert lease is not None
+    expires = json.loads(lease.body)["expires_ms"] / 1000
+    wait_for("the paused owner's lease to expire", lambda: time.time() > expires + 0.2, 3 * TTL)
+
+    def taken_over() -> bool:
+        return ledger.append(taker.public_url, f"after-{time.time():.3f}", timeout=5).acked
+
+    wait_for("another node to take the cell over", taken_over, 30)
+    owner.signal(signal.SIGCONT)
+    owner.wait_fence_time(10)
+    re_read.release()
+    caller.join(45)
+    (answer,) = answers
+    assert not answer.acked, answer
+    entries = fleet.check([ledger], read_urls=[forwarder.public_url, taker.public_url])["twice"]
+    assert "dup" in entries
+    assert answer.outcome == UNKNOWN, answer

@@ -44,6 +44,9 @@ def test_each_entry_violation_is_reported() -> None:
     assert "duplicate" in dupe
     (ghost,) = entry_violations("x", ["w-0", "w-1", "w-2", "w-3"], attempts)
     assert "not_run" in ghost
+    twice = [*attempts, attempt("w-4", 5, ok=False, outcome="failed")]
+    (rolled_back,) = entry_violations("x", ["w-0", "w-1", "w-2", "w-4"], twice)
+    assert "said failed" in rolled_back
     (stranger,) = entry_violations("x", ["w-0", "w-1", "w-2", "zz"], attempts)
     assert "nobody sent" in stranger
 
