@@ -24,6 +24,9 @@ pytestmark = pytest.mark.faults
 def test_owner_killed_under_load_and_restarted_loses_no_acknowledged_write(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
+    """SIGKILL the owner of two loaded cells: a peer takes them over at a higher epoch once
+    the lease lapses, the dead node acknowledged nothing, and the node restarted with the
+    same id rejoins; every acknowledged write is in the live and the restored ledger."""
     fleet = make_fault_fleet(tag="crash")
     victim = fleet[0]
     ledgers = warm(fleet, victim, "crash0", "crash1")
@@ -54,6 +57,9 @@ def test_owner_killed_under_load_and_restarted_loses_no_acknowledged_write(
 def test_paused_owner_acknowledges_nothing_after_takeover_and_fences(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
+    """SIGSTOP the owner past its lease TTL: a peer takes over; after SIGCONT the resumed
+    process must acknowledge nothing (not even calls queued for it while stopped) and exit
+    3 with a SELF-FENCE line."""
     fleet = make_fault_fleet(tag="pause")
     victim = fleet[0]
     (ledger,) = warm(fleet, victim, "pause")
@@ -188,4 +194,5 @@ def test_drain_under_load_exits_0_and_keeps_every_acknowledged_write(
 
 
 def healthy(node: FaultNode) -> bool:
+    """Whether the node's public /healthz answers 200 (503 while draining or fenced)."""
     return httpx.get(node.public_url + "/healthz", timeout=2).status_code == 200
