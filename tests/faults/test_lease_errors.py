@@ -68,6 +68,20 @@ def test_a_10_percent_503_storm_on_lease_requests_does_not_fence(
     fleet.check([ledger])
 
 
+def test_ambiguous_lease_renewal_read_back_as_applied_does_not_fence(
+    make_fault_fleet: MakeFaultFleet,
+) -> None:
+    """A renewal is applied but its answer lost; the read-back finds this process's new
+    expiry, so it counts as renewed: no fence, and later renewals carry the right token."""
+    fleet, node, ledger = one_node(make_fault_fleet, "ambok")
+    drop = node.proxy.apply_then_drop(kind="lease", method="PUT", times=1)
+    drop.wait_arrived(3 * TTL)
+    dropped_at = time.time()
+    keeps_serving(node, ledger, 3 * TTL)
+    assert renewals_applied_after(node, dropped_at), "no renewal succeeded after the drop"
+    fleet.check([ledger])
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="needs the fix of lease renewal after an unreconciled ambiguous write: on current "

@@ -171,3 +171,18 @@ def test_spurious_precondition_failures_on_takeover_claims_and_seals(
             ledger.stop_writers()
     assert sum(rule.applied for rule in rules) >= 3, [rule.applied for rule in rules]
     fleet.check(ledgers)
+
+
+def test_store_that_breaks_the_conditional_write_probe_is_refused(
+    make_fault_fleet: MakeFaultFleet,
+) -> None:
+    """The store answers 412 to the probe's first conditional create (as a store that
+    ignores If-None-Match semantics might): ``serve`` refuses to start, exit 2, naming the
+    probe, and never takes a lease."""
+    fleet = make_fault_fleet(size=1, tag="probe", start=False)
+    node = fleet[0]
+    node.proxy.spurious_412(kind="probe", method="PUT", times=1)
+    node.start()
+    assert node.wait(30) == 2, node.tail()
+    assert [line for line in node.lines() if line.startswith("error:") and "probe" in line]
+    assert not node.proxy.requests(kind="lease", method="PUT")
