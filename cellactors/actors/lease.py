@@ -150,7 +150,8 @@ class LeaseActor(pykka.ThreadingActor):
             self._confirm(result.token, sent, expires)
             return True
         try:
-            current = self.store.read_lease(self.store.node)
+            # One request: the renewal retries on its own schedule, within the deadline.
+            current = self.store.read_lease(self.store.node, once=True)
         except BucketError as err:
             log.warning("reading back the lease of %s failed: %s", self.store.node, err)
             return False

@@ -84,6 +84,11 @@ class Bucket(abc.ABC):
     def get(self, key: str) -> StoredObject | None:
         """Read an object, or ``None`` when it does not exist."""
 
+    def get_once(self, key: str) -> StoredObject | None:
+        """Like :meth:`get`, but one request without the client's own retries, for callers
+        that retry on a schedule of their own (the lease must not block past its deadline)."""
+        return self.get(key)
+
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
         """Read an object's metadata, or ``None`` when it does not exist."""

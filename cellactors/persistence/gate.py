@@ -74,6 +74,10 @@ class GatedBucket(Bucket):
         with self._through("GET", key):
             return self.inner.get(key)
 
+    def get_once(self, key: str) -> StoredObject | None:
+        with self._through("GET", key):
+            return self.inner.get_once(key)
+
     def head(self, key: str) -> ObjectInfo | None:
         with self._through("HEAD", key):
             return self.inner.head(key)

@@ -133,11 +133,17 @@ class GcsBucket(Bucket):
         return join_prefix(self.prefix, key)
 
     def get(self, key: str) -> StoredObject | None:
+        return self._get(key, self._retry)
+
+    def get_once(self, key: str) -> StoredObject | None:
+        return self._get(key, None)
+
+    def _get(self, key: str, retry: Any) -> StoredObject | None:
         blob = self._bucket.blob(self._key(key))
         try:
             # One request: the generation comes from the download's response headers, and
             # a resumed download is pinned to that generation by the library.
-            body = blob.download_as_bytes(timeout=self.timeout, retry=self._retry)
+            body = blob.download_as_bytes(timeout=self.timeout, retry=retry)
         except gexc.NotFound:
             return None
         except _FAILURES as err:

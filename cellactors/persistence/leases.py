@@ -65,9 +65,10 @@ class LeaseStore:
         self.node = keys.validate_node_id(node_id)
         self.ttl_s = ttl_s
 
-    def read_lease(self, node_id: str) -> LeaseSnapshot | None:
+    def read_lease(self, node_id: str, *, once: bool = False) -> LeaseSnapshot | None:
+        """Read a node's lease; ``once`` makes one request without the client's retries."""
         key = keys.lease_key(node_id)
-        obj = self.bucket.get(key)
+        obj = self.bucket.get_once(key) if once else self.bucket.get(key)
         if obj is None:
             return None
         return LeaseSnapshot(_decode_lease(key, obj.body), obj.token)

@@ -50,6 +50,10 @@ class MeteredBucket(Bucket):
         self._count("get", key)
         return self.inner.get(key)
 
+    def get_once(self, key: str) -> StoredObject | None:
+        self._count("get", key)
+        return self.inner.get_once(key)
+
     def head(self, key: str) -> ObjectInfo | None:
         self._count("head", key)
         return self.inner.head(key)

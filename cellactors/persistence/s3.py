@@ -143,8 +143,14 @@ class S3Bucket(Bucket):
         return join_prefix(self.prefix, key)
 
     def get(self, key: str) -> StoredObject | None:
+        return self._get(self._plain, key)
+
+    def get_once(self, key: str) -> StoredObject | None:
+        return self._get(self._cas, key)  # the client without retries
+
+    def _get(self, client: Any, key: str) -> StoredObject | None:
         try:
-            resp = self._plain.get_object(Bucket=self.bucket, Key=self._key(key))
+            resp = client.get_object(Bucket=self.bucket, Key=self._key(key))
         except botocore.exceptions.ClientError as err:
             if _is_missing(err):
                 return None

@@ -18,10 +18,6 @@ from tests.fleet_harness import wait_for
 pytestmark = pytest.mark.faults
 
 TTL = 3.0
-NEEDS_SKEW_CHECK = (
-    "needs the fix of the clock-skew check (--max-clock-skew, default TTL/4, from the store's "
-    "Date header): current code never compares its clock with the store's"
-)
 
 
 def exited_or_ready(node: FaultNode, timeout: float) -> int | None:
@@ -38,7 +34,6 @@ def exited_or_ready(node: FaultNode, timeout: float) -> int | None:
     return wait_for(f"{node.node_id} to exit or serve", settled, timeout)[0]
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SKEW_CHECK)
 def test_store_clock_5s_ahead_is_refused_at_start(make_fault_fleet: MakeFaultFleet) -> None:
     fleet = make_fault_fleet(size=1, lease_ttl=TTL, tag="skew5", start=False)
     node = fleet[0]
@@ -69,7 +64,6 @@ def test_store_clock_200ms_ahead_is_within_the_bound(make_fault_fleet: MakeFault
     fleet.check([ledger])
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SKEW_CHECK)
 def test_store_clock_jumping_5s_ahead_after_start_fences(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
@@ -87,7 +81,6 @@ def test_store_clock_jumping_5s_ahead_after_start_fences(
     fleet.check([ledger], read_urls=[])
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SKEW_CHECK)
 def test_max_clock_skew_flag_raises_the_bound(make_fault_fleet: MakeFaultFleet) -> None:
     """``--max-clock-skew 10`` accepts a store 5 s ahead: the node starts and serves."""
     fleet = make_fault_fleet(

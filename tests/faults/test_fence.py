@@ -23,13 +23,6 @@ HELD = 4
 TOLERANCE = 0.05  # log timestamps are truncated to the millisecond; requests in flight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fix of the self-fence (stop every write, held calls unknown): on "
-    "current code Node.fence fails held calls with NodeUnavailable (outcome not_run) although "
-    "they committed, and only tells the replicator to stop, so its _retry loop keeps sending "
-    "batch PUTs after the SELF-FENCE line until the 15 s operation deadline",
-)
 def test_fence_stops_all_writes_and_held_calls_are_unknown(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
@@ -74,13 +67,6 @@ def test_fence_stops_all_writes_and_held_calls_are_unknown(
     fleet.check([ledger], read_urls=[])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug on current code: Node.fence fails held calls with NodeUnavailable (outcome "
-    "not_run, retryable) even when their batch is already in the bucket; the next owner "
-    "restores that batch, so a caller told not_run (and invited to retry) finds the write "
-    "applied, and a retry would duplicate it",
-)
 def test_call_whose_batch_landed_before_the_fence_is_not_reported_not_run(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
@@ -115,14 +101,6 @@ def test_call_whose_batch_landed_before_the_fence_is_not_reported_not_run(
     assert answer.outcome == UNKNOWN, answer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug on current code: a forwarded call held at an owner that fences is answered "
-    "node_unavailable (not_run), so the forwarding peer re-routes it as a call that ran "
-    "nowhere and runs it again on the new owner, which has already restored the first "
-    "run's batch: the second run fails on the ledger's UNIQUE entry (422 method_failed, "
-    "outcome failed) while the write is in the bucket",
-)
 def test_forwarded_call_held_at_an_owner_that_fences_is_not_run_twice(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:

@@ -19,12 +19,6 @@ from tests.fleet_harness import wait_for
 pytestmark = pytest.mark.faults
 
 TTL = 2.0
-NEEDS_RENEWAL_FIX = (
-    "needs the fix of lease renewal on transient errors: on current code a renewal whose "
-    "conditional PUT answers 5xx raises AmbiguousWrite, LeaseActor._write reads the lease "
-    "back, finds its new expiry absent (the PUT was not applied) and returns False, and "
-    "renew() treats any False as a rejection and fences at once"
-)
 
 
 def one_node(make_fault_fleet: MakeFaultFleet, tag: str) -> tuple[FaultFleet, FaultNode, Ledger]:
@@ -42,7 +36,6 @@ def renewals_applied_after(node: FaultNode, t: float) -> list[Request]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_RENEWAL_FIX)
 def test_one_503_on_a_lease_renewal_does_not_fence(make_fault_fleet: MakeFaultFleet) -> None:
     fleet, node, ledger = one_node(make_fault_fleet, "l503")
     rule = node.proxy.fail(503, kind="lease", method="PUT", times=1)
@@ -53,7 +46,6 @@ def test_one_503_on_a_lease_renewal_does_not_fence(make_fault_fleet: MakeFaultFl
     fleet.check([ledger])
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_RENEWAL_FIX)
 def test_a_10_percent_503_storm_on_lease_requests_does_not_fence(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
@@ -82,13 +74,6 @@ def test_ambiguous_lease_renewal_read_back_as_applied_does_not_fence(
     fleet.check([ledger])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fix of lease renewal after an unreconciled ambiguous write: on current "
-    "code the read-back GET of an ambiguous renewal is retried by the client with backoff "
-    "(seconds, past the fence deadline) and, when it fails, the next renewal's If-Match "
-    "carries the stale token, gets 412 for our own applied write, and fences",
-)
 def test_ambiguous_lease_renewal_whose_read_back_fails_does_not_fence(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
@@ -113,12 +98,6 @@ def test_ambiguous_lease_renewal_whose_read_back_fails_does_not_fence(
     fleet.check([ledger])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fix of start-up lease taking (capped exponential backoff with jitter): "
-    "on current code LeaseActor.take() retries a rejected or ambiguous lease PUT at once, "
-    "with no pause, hundreds of requests a second",
-)
 def test_startup_backs_off_while_lease_writes_answer_503(
     make_fault_fleet: MakeFaultFleet,
 ) -> None:
