@@ -56,6 +56,20 @@ class Ledger(CellActor):
 
     def echo(self, data=""):
         return len(data)
+
+
+class Tally(CellActor):
+    """Appends without a uniqueness constraint: a call applied twice shows up twice."""
+
+    def on_activate(self):
+        self.db.execute("CREATE TABLE IF NOT EXISTS rows (seq INTEGER PRIMARY KEY, entry TEXT)")
+
+    def add(self, entry):
+        self.db.execute("INSERT INTO rows (entry) VALUES (?)", [entry])
+        return self.db.execute("SELECT count(*) FROM rows").fetchone()[0]
+
+    def rows(self):
+        return [r[0] for r in self.db.execute("SELECT entry FROM rows ORDER BY seq")]
 '''
 
 
