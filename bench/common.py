@@ -206,6 +206,11 @@ class Env:
             BUCKET, prefix, endpoint=self.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY
         )
 
+    def pids(self) -> dict[str, int | str]:
+        """The processes a CPU meter watches in process: this one and the store."""
+        assert self.store.proc is not None
+        return {"bench": "self", "store": self.store.proc.pid}
+
     def spec(self, prefix: str) -> str:
         return f"s3://{BUCKET}/{prefix}"
 
@@ -279,14 +284,15 @@ class BareS3:
         self.client.put_object(Bucket=BUCKET, Key=f"baseline/w{worker}/{seq:012d}", Body=body)
         self.client.get_object(Bucket=BUCKET, Key=f"baseline/w{worker}/own.json")["Body"].read()
 
-    def sequential_p50(self, n: int, body: bytes) -> float:
-        """The p50 of ``n`` sequential PUT+GET pairs, in seconds."""
+    def sequential(self, n: int, body: bytes) -> Load:
+        """``n`` PUT+GET pairs one after another."""
         lat = []
+        start = time.perf_counter()
         for _ in range(n):
             t = time.perf_counter()
             self.pair(0, body)
             lat.append(time.perf_counter() - t)
-        return statistics.median(lat)
+        return Load(n, time.perf_counter() - start, lat)
 
 
 def object_sizes(bucket: S3Bucket, cell_id: str) -> tuple[int, int]:
@@ -386,3 +392,52 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
 
     proc = psutil.Process(None if pid == "self" else int(pid))
     return {"rss": proc.memory_info().rss, "threads": proc.num_threads(), "fds": proc.num_fds()}
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """CPU time (user + system, every thread) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot, from /proc/stat."""
+    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+class CpuMeter:
+    """CPU used by named processes over a ``with`` block, and how busy the machine was:
+    where a row's time goes (client, node, store) and how noisy the machine was."""
+
+    def __init__(self, pids: dict[str, int | str]) -> None:
+        self.pids = pids
+        self.used: dict[str, float] = {}
+        self.wall = 0.0
+        self.machine_busy = 0.0  # fraction of every CPU, all processes
+        self._start: dict[str, float] = {}
+        self._t = 0.0
+        self._jiffies = (0, 0)
+
+    def __enter__(self) -> CpuMeter:
+        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._jiffies = _machine_jiffies()
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self._t
+        busy, total = _machine_jiffies()
+        self.used = {name: cpu_seconds(pid) - self._start[name] for name, pid in self.pids.items()}
+        self.machine_busy = (busy - self._jiffies[0]) / max(1, total - self._jiffies[1])
+
+    def figures(self, ops: int) -> dict[str, float]:
+        """CPU milliseconds per operation of each process, and the machine's busy share
+        (all CPUs) and the share of it used by processes other than these."""
+        cpus = os.cpu_count() or 1
+        ours = sum(self.used.values()) / max(1e-9, self.wall * cpus)
+        out = {f"cpu_ms_{name}": ms(used) / max(1, ops) for name, used in self.used.items()}
+        out["machine_busy_pct"] = 100 * self.machine_busy
+        out["others_busy_pct"] = max(0.0, 100 * (self.machine_busy - ours))
+        return out

@@ -1,8 +1,14 @@
 """Rows 1-4: calls on warm cells, in process and over HTTP, against bare boto3 PUT+GET
-(writes) and a bare Starlette endpoint (reads)."""
+(writes) and a bare Starlette endpoint (reads).
+
+Every measurement also records the CPU each process used per operation (``cpu_ms_bench``:
+this process, the client and, in process, the node; ``cpu_ms_node``: the ``cellactors
+serve`` process; ``cpu_ms_store``: SeaweedFS) and how busy the machine was, so that a row
+that misses its goal says where its time went."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,12 +18,12 @@ import httpx
 from bench import http
 from bench.common import (
     BareS3,
+    CpuMeter,
     Env,
     Goal,
     Load,
     Row,
     make_row,
-    ms,
     object_sizes,
     run_parallel,
     thread_load,
@@ -29,6 +35,7 @@ from examples.counter import Counter
 
 PREFIX_INPROC = "calls-inproc"
 PREFIX_HTTP = "calls-http"
+Figures = dict[str, float]
 
 
 @dataclass
@@ -57,9 +64,21 @@ class Calls:
     def stop(self) -> None:
         self.node.stop()
 
-    def baseline_p50(self, n: int) -> float:
-        """p50 (seconds) of ``n`` sequential bare PUT+GET pairs."""
-        return self.bare.sequential_p50(n, self.batch_body)
+    def measure(
+        self, fn: Callable[[], Load], *, server: int | None = None, prefix: str = ""
+    ) -> tuple[Load, Figures]:
+        """Run ``fn`` under a CPU meter (this process, the store, and ``server`` if given);
+        the load and its CPU figures per operation, keys prefixed with ``prefix``."""
+        pids = self.env.pids()
+        if server is not None:
+            pids["node"] = server
+        with CpuMeter(pids) as meter:
+            load = fn()
+        return load, {prefix + k: v for k, v in meter.figures(load.done).items()}
+
+    def baseline(self, n: int) -> tuple[Load, Figures]:
+        """``n`` sequential bare PUT+GET pairs, figures prefixed ``baseline_``."""
+        return self.measure(lambda: self.bare.sequential(n, self.batch_body), prefix="baseline_")
 
 
 def _batch_puts(node: Node) -> int:
@@ -70,6 +89,16 @@ def _server_batch_puts(server: NodeProc) -> int:
     return server.bucket_counts().get(("put", "batch"), 0)
 
 
+def _sequential_writes(cell: CellProxy, n: int) -> Load:
+    lat = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        cell.increment("x")
+        lat.append(time.perf_counter() - t)
+    return Load(n, time.perf_counter() - start, lat)
+
+
 # --------------------------------------------------------------------------- row 1
 
 
@@ -78,52 +107,54 @@ def row1(calls: Calls) -> list[Row]:
     n = calls.env.sizes.lone_writes
     cell = calls.node.cell(Counter, "lone")
     path = http.call_path("lone", "increment")
+    url = calls.server.url
     inproc, over_http = [], []
     for _ in range(calls.env.sizes.runs):
-        base = calls.baseline_p50(n)
-        lat = []
-        for _ in range(n):
-            t = time.perf_counter()
-            cell.increment("x")
-            lat.append(time.perf_counter() - t)
-        ack = Load(n, sum(lat), lat).p50_ms
-        inproc.append({"ack_p50_ms": ack, "baseline_p50_ms": ms(base), "ratio": ack / ms(base)})
+        base, base_cpu = calls.baseline(n)
+        load, cpu = calls.measure(lambda: _sequential_writes(cell, n))
+        inproc.append(_row1_figures(load, base) | cpu | base_cpu)
 
-        base = calls.baseline_p50(n)
-        load = http.sequential(calls.server.url, path, {"name": "x"}, n)
-        raw = http.concurrent(calls.server.url, [path], {"name": "x"}, calls.env.sizes.window / 2)
-        over_http.append(
-            {
-                "ack_p50_ms": load.p50_ms,
-                "raw_client_p50_ms": raw.p50_ms,
-                "baseline_p50_ms": ms(base),
-                "ratio": load.p50_ms / ms(base),
-            }
+        base, base_cpu = calls.baseline(n)
+        load, cpu = calls.measure(
+            lambda: http.sequential(url, path, {"name": "x"}, n), server=calls.server.pid
         )
+        raw = http.concurrent(url, [path], {"name": "x"}, calls.env.sizes.window / 2)
+        figures = _row1_figures(load, base) | cpu | base_cpu
+        figures["raw_client_p50_ms"] = raw.p50_ms
+        over_http.append(figures)
+    common = {
+        "metric": "ratio",
+        "metric_fmt": "{:.2f}x",
+        "baseline": "PUT+GET p50 {baseline_p50_ms:.2f} ms",
+    }
     return [
         make_row(
             "1-inproc",
             "lone write ack p50, in process",
             inproc,
-            metric="ratio",
-            metric_fmt="{:.2f}x",
             goal=Goal("<=", 1.2, "<= 1.2x"),
             figure="p50 {ack_p50_ms:.2f} ms",
-            baseline="PUT+GET p50 {baseline_p50_ms:.2f} ms",
+            **common,
         ),
         make_row(
             "1-http",
             "lone write ack p50, over HTTP",
             over_http,
-            metric="ratio",
-            metric_fmt="{:.2f}x",
             goal=Goal("<=", 1.3, "<= 1.3x"),
             figure="p50 {ack_p50_ms:.2f} ms (raw client {raw_client_p50_ms:.2f})",
-            baseline="PUT+GET p50 {baseline_p50_ms:.2f} ms",
             note="httpx keep-alive client; 'raw client' is the same call from the minimal "
-            "asyncio client",
+            "asyncio client of the throughput rows",
+            **common,
         ),
     ]
+
+
+def _row1_figures(load: Load, base: Load) -> Figures:
+    return {
+        "ack_p50_ms": load.p50_ms,
+        "baseline_p50_ms": base.p50_ms,
+        "ratio": load.p50_ms / base.p50_ms,
+    }
 
 
 # --------------------------------------------------------------------------- row 2
@@ -143,18 +174,21 @@ def row2(calls: Calls) -> list[Row]:
 
     inproc, over_http = [], []
     for _ in range(sizes.runs):
-        base = calls.baseline_p50(50)
+        base, base_cpu = calls.baseline(50)
         before = _batch_puts(calls.node)
-        load = _thread_writes([cell] * sizes.writers, sizes.window)
+        load, cpu = calls.measure(lambda: _thread_writes([cell] * sizes.writers, sizes.window))
         puts = _batch_puts(calls.node) - before
-        inproc.append(_row2_figures(load, puts, base))
+        inproc.append(_row2_figures(load, puts, base) | cpu | base_cpu)
 
-        base = calls.baseline_p50(50)
-        load = http.concurrent(
-            calls.server.url, [path] * sizes.writers, {"name": "w"}, sizes.window, mark
+        base, base_cpu = calls.baseline(50)
+        load, cpu = calls.measure(
+            lambda: http.concurrent(
+                calls.server.url, [path] * sizes.writers, {"name": "w"}, sizes.window, mark
+            ),
+            server=calls.server.pid,
         )
         puts = _server_batch_puts(calls.server) - marks[-1]
-        over_http.append(_row2_figures(load, puts, base))
+        over_http.append(_row2_figures(load, puts, base) | cpu | base_cpu)
     common = {
         "metric": "per_baseline",
         "metric_fmt": "{:.1f}",
@@ -180,13 +214,14 @@ def row2(calls: Calls) -> list[Row]:
     ]
 
 
-def _row2_figures(load: Load, puts: int, base: float) -> dict[str, float]:
+def _row2_figures(load: Load, puts: int, base: Load) -> Figures:
     return {
         "writes_per_s": load.rate,
-        "per_baseline": load.rate * base,
+        "per_baseline": load.rate * base.p50_ms / 1000,
         "writes_per_put": load.done / max(1, puts),
+        "batch_cycle_ms": 1000 * load.elapsed / max(1, puts),
         "p50_ms": load.p50_ms,
-        "baseline_p50_ms": ms(base),
+        "baseline_p50_ms": base.p50_ms,
         "errors": load.errors,
     }
 
@@ -207,23 +242,30 @@ def row3(calls: Calls) -> list[Row]:
     """Distinct cells written concurrently: writes/s vs bare PUT+GET pairs/s."""
     sizes = calls.env.sizes
     rows: list[Row] = []
+    # Activate every cell first: the rows measure warm cells (each concurrency level writes
+    # the first ``conc`` of them).
+    names = [f"d{i}" for i in range(max(sizes.distinct))]
+    all_cells = [calls.node.cell(Counter, name) for name in names]
+    all_paths = [http.call_path(name, "increment") for name in names]
+    run_parallel([_incrementer(c) for c in all_cells], 32)
+    http.concurrent(calls.server.url, all_paths, {"name": "w"}, 0.0)
     for conc in sizes.distinct:
-        names = [f"d{conc}-{i}" for i in range(conc)]
-        cells = [calls.node.cell(Counter, name) for name in names]
-        paths = [http.call_path(name, "increment") for name in names]
-        # Activate every cell first (and open the connections): the rows measure warm cells.
-        run_parallel([_incrementer(c) for c in cells], 32)
-        http.concurrent(calls.server.url, paths, {"name": "w"}, 0.0)
+        cells, paths = all_cells[:conc], all_paths[:conc]
+        ops = [_pair(calls.bare, i, calls.batch_body) for i in range(conc)]
         inproc, over_http = [], []
         for _ in range(sizes.runs):
-            body = calls.batch_body
-            ops = [_pair(calls.bare, i, body) for i in range(conc)]
-            base = thread_load(ops, sizes.window).rate
-            load = _thread_writes(cells, sizes.window)
-            inproc.append(_row3_figures(load, base))
-            base = thread_load(ops, sizes.window).rate
-            load = http.concurrent(calls.server.url, paths, {"name": "w"}, sizes.window)
-            over_http.append(_row3_figures(load, base))
+            baseline = functools.partial(thread_load, ops, sizes.window)
+            base, base_cpu = calls.measure(baseline, prefix="baseline_")
+            load, cpu = calls.measure(functools.partial(_thread_writes, cells, sizes.window))
+            inproc.append(_row3_figures(load, base) | cpu | base_cpu)
+            base, base_cpu = calls.measure(baseline, prefix="baseline_")
+            load, cpu = calls.measure(
+                functools.partial(
+                    http.concurrent, calls.server.url, paths, {"name": "w"}, sizes.window
+                ),
+                server=calls.server.pid,
+            )
+            over_http.append(_row3_figures(load, base) | cpu | base_cpu)
         for mode, runs in (("inproc", inproc), ("http", over_http)):
             where = "in process" if mode == "inproc" else "over HTTP"
             rows.append(
@@ -245,11 +287,11 @@ def _pair(bare: BareS3, worker: int, body: bytes) -> Callable[[], object]:
     return lambda: bare.pair(worker, body)
 
 
-def _row3_figures(load: Load, pairs_per_s: float) -> dict[str, float]:
+def _row3_figures(load: Load, base: Load) -> Figures:
     return {
         "writes_per_s": load.rate,
-        "pairs_per_s": pairs_per_s,
-        "ratio": load.rate / pairs_per_s if pairs_per_s else 0.0,
+        "pairs_per_s": base.rate,
+        "ratio": load.rate / base.rate if base.rate else 0.0,
         "p50_ms": load.p50_ms,
         "errors": load.errors,
     }
@@ -262,33 +304,46 @@ def row4(calls: Calls) -> list[Row]:
     """Warm reads over HTTP against a bare Starlette endpoint answering the same JSON."""
     sizes = calls.env.sizes
     path = http.call_path("reader", "get")
-    httpx.post(calls.server.url + http.call_path("reader", "increment"), json={"name": "x"})
-    answer = httpx.post(calls.server.url + path, json={"name": "x"}).content
+    url = calls.server.url
+    httpx.post(url + http.call_path("reader", "increment"), json={"name": "x"})
+    answer = httpx.post(url + path, json={"name": "x"}).content
     bare = BareProc(calls.env.workdir, answer).start().ready()
     local = calls.node.cell(Counter, "reader")
     local.increment("x")
+    kwargs = {"name": "x"}
     try:
         one, many = [], []
         per = sizes.window / 2
         for _ in range(sizes.runs):
-            node = http.concurrent(calls.server.url, [path], {"name": "x"}, per)
-            base = http.concurrent(bare.url, [path], {"name": "x"}, per)
-            lat = []
-            for _ in range(sizes.reads):
-                t = time.perf_counter()
-                local.get("x")
-                lat.append(time.perf_counter() - t)
+            node, cpu = calls.measure(
+                lambda: http.concurrent(url, [path], kwargs, per), server=calls.server.pid
+            )
+            base, base_cpu = calls.measure(
+                lambda: http.concurrent(bare.url, [path], kwargs, per),
+                server=bare.pid,
+                prefix="baseline_",
+            )
+            local_reads = _sequential_reads(local, sizes.reads)
             one.append(
                 {
                     "p50_ms": node.p50_ms,
                     "baseline_p50_ms": base.p50_ms,
                     "ratio": node.p50_ms / base.p50_ms,
-                    "inproc_p50_ms": Load(len(lat), sum(lat), lat).p50_ms,
+                    "inproc_p50_ms": local_reads.p50_ms,
                 }
+                | cpu
+                | base_cpu
             )
             conns = [path] * sizes.read_conns
-            node = http.concurrent(calls.server.url, conns, {"name": "x"}, sizes.window)
-            base = http.concurrent(bare.url, conns, {"name": "x"}, sizes.window)
+            node, cpu = calls.measure(
+                functools.partial(http.concurrent, url, conns, kwargs, sizes.window),
+                server=calls.server.pid,
+            )
+            base, base_cpu = calls.measure(
+                functools.partial(http.concurrent, bare.url, conns, kwargs, sizes.window),
+                server=bare.pid,
+                prefix="baseline_",
+            )
             many.append(
                 {
                     "reads_per_s": node.rate,
@@ -296,6 +351,8 @@ def row4(calls: Calls) -> list[Row]:
                     "ratio": node.rate / base.rate,
                     "p50_ms": node.p50_ms,
                 }
+                | cpu
+                | base_cpu
             )
     finally:
         bare.stop()
@@ -321,3 +378,13 @@ def row4(calls: Calls) -> list[Row]:
             baseline="bare {baseline_per_s:.0f}/s",
         ),
     ]
+
+
+def _sequential_reads(cell: CellProxy, n: int) -> Load:
+    lat = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        cell.get("x")
+        lat.append(time.perf_counter() - t)
+    return Load(n, time.perf_counter() - start, lat)

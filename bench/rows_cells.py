@@ -10,9 +10,13 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable
 
-from bench.common import REPO, Env, Goal, Row, make_row, run_parallel
+from bench.common import BUCKET, REPO, BareS3, CpuMeter, Env, Goal, Row, make_row, run_parallel
 from cellactors import Node
+from cellactors.persistence import restore
 from examples.counter import Counter
+
+# The restore's parallel fetches; the bare baseline of row 7 uses as many threads.
+FETCH_WORKERS = int(getattr(restore, "FETCH_WORKERS", 8))
 
 
 def _gets(node: Node) -> Tally[tuple[str, str]]:
@@ -93,7 +97,8 @@ def row6(env: Env) -> list[Row]:
         node = env.node(prefix, f"activator-{run}")
         try:
             before = _gets(node)
-            elapsed = run_parallel([_reader(node, name) for name in names], conc)
+            with CpuMeter(env.pids()) as meter:
+                elapsed = run_parallel([_reader(node, name) for name in names], conc)
             requests = _delta(_gets(node), before)
         finally:
             node.stop()
@@ -102,6 +107,7 @@ def row6(env: Env) -> list[Row]:
                 "activations_per_s": n / elapsed,
                 "requests_per_activation": sum(requests.values()) / n,
             }
+            | meter.figures(n)
         )
     return [
         make_row(
@@ -124,6 +130,10 @@ def _reader(node: Node, name: str) -> Callable[[], object]:
     return lambda: node.cell(Counter, name).get("x")
 
 
+def _getter(bare: BareS3, key: str) -> Callable[[], object]:
+    return lambda: bare.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
 # --------------------------------------------------------------------------- row 7
 
 
@@ -139,14 +149,20 @@ def row7(env: Env) -> list[Row]:
             cell.increment("x")  # one at a time: each is its own batch
     finally:
         writer.stop()
+    bare = BareS3(env.endpoint, pool=FETCH_WORKERS)
+    keys = [f"{prefix}/{i.key}" for i in env.bucket(prefix).list("") if i.key.endswith(".batch")]
     runs = []
     for run in range(sizes.runs):
+        with CpuMeter(env.pids()) as meter:
+            bare_s = run_parallel([_getter(bare, key) for key in keys], FETCH_WORKERS)
+        base_cpu = {f"baseline_{k}": v for k, v in meter.figures(len(keys)).items()}
         node = env.node(prefix, f"restorer-{run}", snapshot_every=never)
         try:
             before = _gets(node)
-            t = time.perf_counter()
-            node.cell(Counter, "long").get("x")
-            elapsed = time.perf_counter() - t
+            with CpuMeter(env.pids()) as meter:
+                t = time.perf_counter()
+                node.cell(Counter, "long").get("x")
+                elapsed = time.perf_counter() - t
             requests = _delta(_gets(node), before)
         finally:
             node.stop()
@@ -155,7 +171,10 @@ def row7(env: Env) -> list[Row]:
                 "restore_s": elapsed,
                 "batches_read": requests["get:batch"],
                 "requests": sum(requests.values()),
+                "bare_get_s": bare_s,
             }
+            | meter.figures(requests["get:batch"])
+            | base_cpu
         )
     return [
         make_row(
@@ -166,6 +185,9 @@ def row7(env: Env) -> list[Row]:
             metric_fmt="{:.2f} s",
             goal=Goal("<=", 0.5, "<= 0.5 s"),
             figure="{restore_s:.3f} s, {batches_read:.0f} batches, {requests:.0f} requests",
+            baseline="bare GET of the batches, "
+            + str(FETCH_WORKERS)
+            + " threads: {bare_get_s:.3f} s",
         )
     ]
 

@@ -173,6 +173,23 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
+def format_cpu_table(rows: list[Row]) -> str:
+    """CPU milliseconds per operation by process, for the row and its baseline, and how busy
+    the machine was (all CPUs; "others": processes outside the benchmark)."""
+    header = ["row", "bench", "node", "store", "baseline: bench", "node", "store", "busy", "others"]
+    lines = [header, ["---"] * len(header)]
+    keys = ["cpu_ms_bench", "cpu_ms_node", "cpu_ms_store"]
+    keys += [f"baseline_{k}" for k in keys]
+    for r in rows:
+        v = r.values
+        if "cpu_ms_bench" not in v:
+            continue
+        cpu = [f"{v[k]:.2f}" if k in v else "-" for k in keys]
+        busy = [f"{v['machine_busy_pct']:.0f}%", f"{v['others_busy_pct']:.0f}%"]
+        lines.append([r.id, *cpu, *busy])
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     sizes = Sizes.quick() if args.quick else Sizes()
@@ -223,6 +240,10 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         if row.note:
             print(f"- {row.id}: {row.note}")
+    print()
+    print("CPU ms per operation (per write, read, activation or batch GET) by process:")
+    print()
+    print(format_cpu_table(rows))
     if errors:
         print(f"\n{len(errors)} row group(s) failed; see above")
     if args.json:
