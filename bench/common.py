@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import threading
 import time
@@ -394,10 +395,28 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return {"rss": proc.memory_info().rss, "threads": proc.num_threads(), "fds": proc.num_fds()}
 
 
-def cpu_seconds(pid: int | str = "self") -> float:
-    """CPU time (user + system, every thread) a process has used, from /proc."""
+def cpu_times(pid: int | str = "self") -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used (every thread), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def context_switches(pid: int | str = "self") -> int:
+    """Voluntary and involuntary context switches of a process: every thread's, ended ones
+    included, for this process; the live threads' for another (its long-lived pools)."""
+    if pid == "self":
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_nvcsw + usage.ru_nivcsw
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return total
 
 
 def _machine_jiffies() -> tuple[int, int]:
@@ -408,20 +427,24 @@ def _machine_jiffies() -> tuple[int, int]:
 
 
 class CpuMeter:
-    """CPU used by named processes over a ``with`` block, and how busy the machine was:
-    where a row's time goes (client, node, store) and how noisy the machine was."""
+    """CPU used by named processes over a ``with`` block (user and system time, context
+    switches) and how busy the machine was: where a row's time goes (client, node, store)
+    and how noisy the machine was. Linux only."""
 
     def __init__(self, pids: dict[str, int | str]) -> None:
         self.pids = pids
-        self.used: dict[str, float] = {}
+        self.used: dict[str, tuple[float, float, int]] = {}
         self.wall = 0.0
         self.machine_busy = 0.0  # fraction of every CPU, all processes
-        self._start: dict[str, float] = {}
+        self._start: dict[str, tuple[float, float, int]] = {}
         self._t = 0.0
         self._jiffies = (0, 0)
 
+    def _sample(self) -> dict[str, tuple[float, float, int]]:
+        return {name: (*cpu_times(pid), context_switches(pid)) for name, pid in self.pids.items()}
+
     def __enter__(self) -> CpuMeter:
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._start = self._sample()
         self._jiffies = _machine_jiffies()
         self._t = time.perf_counter()
         return self
@@ -429,15 +452,30 @@ class CpuMeter:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self._t
         busy, total = _machine_jiffies()
-        self.used = {name: cpu_seconds(pid) - self._start[name] for name, pid in self.pids.items()}
+        end = self._sample()
+        self.used = {
+            name: (
+                end[name][0] - self._start[name][0],
+                end[name][1] - self._start[name][1],
+                end[name][2] - self._start[name][2],
+            )
+            for name in self.pids
+        }
         self.machine_busy = (busy - self._jiffies[0]) / max(1, total - self._jiffies[1])
 
     def figures(self, ops: int) -> dict[str, float]:
-        """CPU milliseconds per operation of each process, and the machine's busy share
-        (all CPUs) and the share of it used by processes other than these."""
+        """Per operation and process: CPU milliseconds (``cpu_ms_<name>``), the system
+        share of it (``sys_pct_<name>``) and context switches (``ctxsw_<name>``); and the
+        machine's busy share (all CPUs) and the part of it used by other processes."""
         cpus = os.cpu_count() or 1
-        ours = sum(self.used.values()) / max(1e-9, self.wall * cpus)
-        out = {f"cpu_ms_{name}": ms(used) / max(1, ops) for name, used in self.used.items()}
+        ops = max(1, ops)
+        out: dict[str, float] = {}
+        ours = 0.0
+        for name, (user, system, switches) in self.used.items():
+            ours += user + system
+            out[f"cpu_ms_{name}"] = ms(user + system) / ops
+            out[f"sys_pct_{name}"] = 100 * system / max(1e-9, user + system)
+            out[f"ctxsw_{name}"] = switches / ops
         out["machine_busy_pct"] = 100 * self.machine_busy
-        out["others_busy_pct"] = max(0.0, 100 * (self.machine_busy - ours))
+        out["others_busy_pct"] = max(0.0, 100 * (self.machine_busy - ours / (self.wall * cpus)))
         return out

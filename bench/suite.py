@@ -174,9 +174,12 @@ def format_table(rows: list[Row]) -> str:
 
 
 def format_cpu_table(rows: list[Row]) -> str:
-    """CPU milliseconds per operation by process, for the row and its baseline, and how busy
-    the machine was (all CPUs; "others": processes outside the benchmark)."""
-    header = ["row", "bench", "node", "store", "baseline: bench", "node", "store", "busy", "others"]
+    """Where the time went: CPU milliseconds per operation by process for the row and its
+    baseline; for the process doing the work (the node over HTTP, else this one) the
+    context switches per operation and the system share of its CPU; how busy the machine
+    was (all CPUs) and how much of that was other processes."""
+    header = ["row", "bench", "node", "store", "baseline: bench", "node", "store"]
+    header += ["ctx sw/op", "baseline", "sys", "busy", "others"]
     lines = [header, ["---"] * len(header)]
     keys = ["cpu_ms_bench", "cpu_ms_node", "cpu_ms_store"]
     keys += [f"baseline_{k}" for k in keys]
@@ -185,8 +188,15 @@ def format_cpu_table(rows: list[Row]) -> str:
         if "cpu_ms_bench" not in v:
             continue
         cpu = [f"{v[k]:.2f}" if k in v else "-" for k in keys]
+        worker = "node" if "cpu_ms_node" in v else "bench"
+        base = "node" if "baseline_cpu_ms_node" in v else "bench"
+        switches = [
+            f"{v[f'ctxsw_{worker}']:.0f}",
+            f"{v[f'baseline_ctxsw_{base}']:.0f}" if f"baseline_ctxsw_{base}" in v else "-",
+            f"{v[f'sys_pct_{worker}']:.0f}%",
+        ]
         busy = [f"{v['machine_busy_pct']:.0f}%", f"{v['others_busy_pct']:.0f}%"]
-        lines.append([r.id, *cpu, *busy])
+        lines.append([r.id, *cpu, *switches, *busy])
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
@@ -241,7 +251,10 @@ def main(argv: list[str] | None = None) -> None:
         if row.note:
             print(f"- {row.id}: {row.note}")
     print()
-    print("CPU ms per operation (per write, read, activation or batch GET) by process:")
+    print(
+        "Where the time went, per operation (write, read, activation, batch GET): CPU ms by "
+        "process, context switches and system share of the working process, machine load:"
+    )
     print()
     print(format_cpu_table(rows))
     if errors:
