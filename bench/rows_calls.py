@@ -81,12 +81,16 @@ class Calls:
         return self.measure(lambda: self.bare.sequential(n, self.batch_body), prefix="baseline_")
 
 
-def _batch_puts(node: Node) -> int:
-    return node.bucket.snapshot()[("put", "batch")]
+def _counts(node: Node) -> tuple[int, int]:
+    """(batch PUTs, ``own.json`` GETs) the in-process node has sent."""
+    counts = node.bucket.snapshot()
+    return counts[("put", "batch")], counts[("get", "own")]
 
 
-def _server_batch_puts(server: NodeProc) -> int:
-    return server.bucket_counts().get(("put", "batch"), 0)
+def _server_counts(server: NodeProc) -> tuple[int, int]:
+    """(batch PUTs, ``own.json`` GETs) the served node has sent."""
+    counts = server.bucket_counts()
+    return counts.get(("put", "batch"), 0), counts.get(("get", "own"), 0)
 
 
 def _sequential_writes(cell: CellProxy, n: int) -> Load:
@@ -167,18 +171,17 @@ def row2(calls: Calls) -> list[Row]:
     cell.increment("w")
     path = http.call_path("hot", "increment")
     http.sequential(calls.server.url, path, {"name": "w"}, 1)
-    marks: list[int] = []  # batch PUTs of the server when a window starts (after warm-up)
+    marks: list[tuple[int, int]] = []  # the server's counts when a window starts
 
     def mark() -> None:
-        marks.append(_server_batch_puts(calls.server))
+        marks.append(_server_counts(calls.server))
 
     inproc, over_http = [], []
     for _ in range(sizes.runs):
         base, base_cpu = calls.baseline(50)
-        before = _batch_puts(calls.node)
+        before = _counts(calls.node)
         load, cpu = calls.measure(lambda: _thread_writes([cell] * sizes.writers, sizes.window))
-        puts = _batch_puts(calls.node) - before
-        inproc.append(_row2_figures(load, puts, base) | cpu | base_cpu)
+        inproc.append(_row2_figures(load, before, _counts(calls.node), base) | cpu | base_cpu)
 
         base, base_cpu = calls.baseline(50)
         load, cpu = calls.measure(
@@ -187,12 +190,13 @@ def row2(calls: Calls) -> list[Row]:
             ),
             server=calls.server.pid,
         )
-        puts = _server_batch_puts(calls.server) - marks[-1]
-        over_http.append(_row2_figures(load, puts, base) | cpu | base_cpu)
+        figures = _row2_figures(load, marks[-1], _server_counts(calls.server), base)
+        over_http.append(figures | cpu | base_cpu)
     common = {
         "metric": "per_baseline",
         "metric_fmt": "{:.1f}",
-        "figure": "{writes_per_s:.0f} writes/s, {writes_per_put:.1f}/PUT, p50 {p50_ms:.1f} ms",
+        "figure": "{writes_per_s:.0f} writes/s, {writes_per_put:.1f}/PUT, a PUT every "
+        "{batch_cycle_ms:.1f} ms, p50 {p50_ms:.1f} ms",
         "baseline": "PUT+GET p50 {baseline_p50_ms:.2f} ms",
     }
     w = sizes.writers
@@ -214,12 +218,16 @@ def row2(calls: Calls) -> list[Row]:
     ]
 
 
-def _row2_figures(load: Load, puts: int, base: Load) -> Figures:
+def _row2_figures(
+    load: Load, before: tuple[int, int], after: tuple[int, int], base: Load
+) -> Figures:
+    puts = after[0] - before[0]
     return {
         "writes_per_s": load.rate,
         "per_baseline": load.rate * base.p50_ms / 1000,
         "writes_per_put": load.done / max(1, puts),
         "batch_cycle_ms": 1000 * load.elapsed / max(1, puts),
+        "own_gets_per_put": (after[1] - before[1]) / max(1, puts),
         "p50_ms": load.p50_ms,
         "baseline_p50_ms": base.p50_ms,
         "errors": load.errors,
