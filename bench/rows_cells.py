@@ -32,6 +32,11 @@ def _delta(after: Tally[tuple[str, str]], before: Tally[tuple[str, str]]) -> Tal
     return out
 
 
+def _per(requests: Tally[str], n: int) -> str:
+    """``"get:own 1.0, put_cas:own 1.0, ..."``: requests by kind, per ``n``."""
+    return ", ".join(f"{kind} {count / n:g}" for kind, count in sorted(requests.items()))
+
+
 # --------------------------------------------------------------------------- row 5
 
 
@@ -118,6 +123,7 @@ def row6(env: Env) -> list[Row]:
             metric_fmt="{:.0f}/s",
             goal=Goal(">=", 200, ">= 200/s"),
             figure="{activations_per_s:.0f}/s, {requests_per_activation:.1f} requests each",
+            note="requests per activation in the last run: " + _per(requests, n),
         )
     ]
 
@@ -185,6 +191,7 @@ def row7(env: Env) -> list[Row]:
             metric_fmt="{:.2f} s",
             goal=Goal("<=", 0.5, "<= 0.5 s"),
             figure="{restore_s:.3f} s, {batches_read:.0f} batches, {requests:.0f} requests",
+            note="requests of the last restore: " + _per(requests, 1),
             baseline="bare GET of the batches, "
             + str(FETCH_WORKERS)
             + " threads: {bare_get_s:.3f} s",
