@@ -1,0 +1,41 @@
+"""The benchmark suite still runs: ``python -m bench --quick`` at minimal sizes reports every
+row. Speed is not checked (benchmarks assert nothing about it); breakage is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.common import Sizes
+from bench.suite import row_ids
+
+REPO = Path(__file__).resolve().parent.parent
+SCALE = 0.1
+
+pytestmark = pytest.mark.fleet  # it starts cellactors serve processes
+
+
+def test_quick_suite_reports_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--scale", str(SCALE), "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == []
+    rows = {row["id"]: row for row in report["rows"]}
+    assert list(rows) == row_ids(Sizes.quick().scaled(SCALE))
+    for row in rows.values():
+        assert row["runs"], row["id"]
+        assert isinstance(row["metric"], (int, float)), row["id"]
+        assert isinstance(row["met"], bool), row["id"]
+    assert "| 10-failover |" in proc.stdout  # the table is printed
