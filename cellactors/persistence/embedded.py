@@ -95,6 +95,10 @@ class SeaweedServer:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-debug.port=0",
+            # Every bucket is a collection with volumes of its own; the default count (from
+            # free disk / 128 MiB volumes, about 70 here) runs out after as many buckets.
+            "-volume.max=2000",
+            "-master.volumeSizeLimitMB=64",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
         with open(self.log_path, "ab") as log:
