@@ -537,3 +537,22 @@ def test_an_unexpected_replicator_error_fails_the_held_calls_and_resets(
         assert eventually(lambda: cell.increment("x")) in (2, 3)  # reset, then serving again
     finally:
         node.stop()
+
+
+def test_state_reports_how_many_cells_the_open_files_limit_allows(sw_bucket: S3Bucket) -> None:
+    import resource
+
+    from cellactors.actors.limits import FDS_PER_ACTIVE_CELL, RESERVED_FDS, raise_open_files_limit
+
+    soft, hard = raise_open_files_limit()
+    assert soft == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert hard == resource.RLIM_INFINITY or soft == hard
+    node = make_node(sw_bucket, "n1")
+    try:
+        limits = node.state()["limits"]
+        assert (
+            limits["max_active_cells_by_open_files"] == (soft - RESERVED_FDS) // FDS_PER_ACTIVE_CELL
+        )
+        assert limits["max_resident_cells"] == node.settings.max_resident_cells
+    finally:
+        node.stop()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pykka
 
+from cellactors.actors import limits
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
@@ -522,6 +523,10 @@ class Node:
             "generation": self.generation,
             "status": self.status,
             "lease_expires_ms": expires,
+            "limits": {
+                "max_resident_cells": self.settings.max_resident_cells,
+                "max_active_cells_by_open_files": limits.max_active_cells(),
+            },
             "cells": cells,
         }
 

@@ -324,6 +324,10 @@ def serve(
     from cellactors.persistence import keys
 
     _setup_logging(log_level)
+    from cellactors.actors.limits import max_active_cells, raise_open_files_limit
+
+    soft, _hard = raise_open_files_limit()
+    log.info("open-files limit %d: room for about %d active cells", soft, max_active_cells())
     try:
         listeners = plan_listeners(listen, internal_listen, advertise)
         node = keys.validate_node_id(node_id or default_node_id())
