@@ -9,18 +9,25 @@ hypothesis interleaves them: a claim can race another node's claim, a restore ca
 between its listing and its seals, and an upload can land long after its node was paused,
 crashed or replaced.
 
+Active owners also snapshot acknowledged state (an upload that may land late, like a
+batch) and then collect what the snapshot covers, in steps others interleave with: the
+ownership re-read, then the deletes, which a node paused in between may issue after a
+takeover.
+
 What is real: the ownership and lease stores, the decision functions of
-:mod:`cellactors.core`, the seal create/read of :mod:`cellactors.persistence.restore` and the
-key layout. What is simulated: batch bodies (JSON ``{"epoch", "txns": [[txid, value]]}``),
-time, and the restore executor (a re-implementation over those bodies that follows the plan
-of :mod:`cellactors.core.restore_plan` one epoch per step).
+:mod:`cellactors.core` (the whole-restore planner included), the seal create/read and the
+garbage collection's choice and ownership check of :mod:`cellactors.persistence.restore`,
+and the key layout. What is simulated: batch and snapshot bodies (JSON), time, and the
+restore executor (a re-implementation over those bodies of
+:func:`cellactors.persistence.restore.restore`: list and plan in one step, fetch every body
+in the next, list again when something listed is gone, then one seal per step).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, settings
@@ -38,15 +45,30 @@ from hypothesis.stateful import (
 from cellactors.core import acquire, lease_rules, restore_plan
 from cellactors.core.acks import AckGate
 from cellactors.persistence import keys
-from cellactors.persistence.bucket import Applied, Guard, Match
+from cellactors.persistence.bucket import (
+    Applied,
+    Bucket,
+    CasResult,
+    Guard,
+    Match,
+    ObjectInfo,
+    StoredObject,
+)
 from cellactors.persistence.leases import LeaseStore, NodeLease
 from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import SealLost, create_seal, read_seal
+from cellactors.persistence.restore import (
+    MAX_LISTINGS,
+    SealLost,
+    collect_garbage,
+    create_seal,
+    read_seal,
+)
 
 CELL = "Model:one"
 ROOT = keys.cell_root(CELL)
 TTL_MS = 10_000
+SNAPSHOT_EVERY = 2  # txids since the last snapshot before a node's progress snapshots
 NODE_IDS = ("n1", "n2", "n3")
 
 
@@ -72,10 +94,27 @@ class Upload:
 
 
 @dataclass
+class SnapshotJob:
+    """One snapshot of an activation: the upload, then (owner work) the collection."""
+
+    node: str
+    epoch: int
+    txid: int
+    key: str
+    body: bytes
+    landed: bool = False
+    stage: str = "upload"  # upload (check not yet run) | deleting | done
+    doomed: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Restore:
-    listing: restore_plan.Listing
-    epochs: list[int]
+    """An activation's restore: listings so far, the plan, and the state it rebuilt."""
+
+    listings: int = 0
+    plan: restore_plan.Plan | None = None
     state: list[int] = field(default_factory=list)
+    to_seal: list[restore_plan.EpochStep] = field(default_factory=list)
 
 
 @dataclass(repr=False)
@@ -91,7 +130,7 @@ class Node:
     lease_token: str | None = None
     deadline_s: float = 0.0
     # The cell, as this node sees it.
-    phase: str = "idle"  # idle | claiming | claimed | restoring | active
+    phase: str = "idle"  # idle | claiming | claimed | fetching | sealing | active
     pending: acquire.Claim | None = None
     epoch: int = 0
     restore: Restore | None = None
@@ -99,6 +138,9 @@ class Node:
     gate: AckGate[Response] = field(default_factory=AckGate)
     shipped: int = 0
     upload: Upload | None = None
+    base: int = 0  # the txid the activation restored to
+    snap_txid: int = 0  # the newest snapshot of the chain (restored from, or written)
+    snap: SnapshotJob | None = None
 
     def __repr__(self) -> str:
         return f"<{self.id}{' zombie' if self.zombie else ''}>"
@@ -118,7 +160,53 @@ def decode_batch(body: bytes) -> list[tuple[int, int]]:
     return [(int(t), int(v)) for t, v in json.loads(body)["txns"]]
 
 
+def encode_snapshot(epoch: int, txid: int, state: list[int]) -> bytes:
+    return json.dumps({"epoch": epoch, "txid": txid, "state": state}).encode()
+
+
+def decode_snapshot(body: bytes) -> tuple[int, int, list[int]]:
+    value = json.loads(body)
+    return int(value["epoch"]), int(value["txid"]), [int(v) for v in value["state"]]
+
+
+RESTORING = ("claimed", "fetching", "sealing")
+
+
+class DeferredDeletes(Bucket):
+    """The real bucket, except that deletes are recorded (and issued later, one model step
+    each), so :func:`collect_garbage`'s choice and ownership check run for real while its
+    deletes can interleave with other nodes' steps."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.deleted: list[str] = []
+
+    def get(self, key: str) -> StoredObject | None:
+        return self.inner.get(key)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self.inner.head(key)
+
+    def put(self, key: str, body: bytes) -> str:
+        raise AssertionError("the collection writes nothing")
+
+    def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        raise AssertionError("the collection writes nothing")
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.deleted.append(key)
+
+
 class ProtocolModel(RuleBasedStateMachine):
+    #: The collection's ownership re-read may run while its snapshot upload is still in
+    #: flight (the code uploads, then re-reads): a superset of the real interleavings, in
+    #: which a restore can list before the snapshot lands and lose objects to the deletes.
+    GC_CHECK_BEFORE_LANDING = True
+
     def __init__(self) -> None:
         super().__init__()
         self.bucket = MemoryBucket("model")
@@ -138,6 +226,14 @@ class ProtocolModel(RuleBasedStateMachine):
         self.owner_epoch_seen = 0
         self.in_flight: list[Upload] = []  # PUTs sent and not yet landed
         self.stale_rechecks = 0
+        self.snaps_in_flight: list[SnapshotJob] = []
+        # Every object ever written (batches, snapshots), and every seal's max_txid, even
+        # after the collection deleted it: the independent record check_restored uses.
+        self.archive: dict[str, bytes] = {}
+        self.seal_values: dict[int, int] = {}
+        self.recreated_seals: dict[int, int] = {}  # epoch -> a deposed restore's seal
+        self.relists = 0
+        self.gc_check_before_landing = self.GC_CHECK_BEFORE_LANDING
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -177,6 +273,8 @@ class ProtocolModel(RuleBasedStateMachine):
         n.state = []
         n.shipped = 0
         n.upload = None  # an upload already sent stays in self.in_flight
+        n.base = n.snap_txid = 0
+        n.snap = None  # cancelled: no further check or delete (a sent upload may land)
 
     def released(self, n: Node, out: list[Response]) -> None:
         """Responses leave the node: check the acknowledgement rule and record acks."""
@@ -208,10 +306,21 @@ class ProtocolModel(RuleBasedStateMachine):
         count=st.integers(2, 3),
         skews=st.lists(st.sampled_from([-1_500, 0, 0, 1_500]), min_size=3, max_size=3),
         warm=st.integers(0, 3),
+        handoffs=st.integers(0, 2),
+        snapshots=st.booleans(),
     )
-    def setup(self, count: int, skews: list[int], warm: int = 0) -> None:
+    def setup(
+        self,
+        count: int,
+        skews: list[int],
+        warm: int = 0,
+        handoffs: int = 0,
+        snapshots: bool = False,
+    ) -> None:
         """Start the nodes; with ``warm``, n1 already owns the cell and acknowledged that
-        many writes (so that short runs start from an interesting place)."""
+        many writes (so that short runs start from an interesting place), then hands it to
+        the next node ``handoffs`` times (each owner writing as many), each owner taking a
+        snapshot and collecting before it releases when ``snapshots``."""
         for node_id, skew in zip(NODE_IDS[:count], skews[:count], strict=True):
             n = Node(
                 node_id,
@@ -221,15 +330,27 @@ class ProtocolModel(RuleBasedStateMachine):
             )
             self.nodes.append(n)
             self.do_start(n)
-        if warm:
-            first = self.nodes[0]
-            for _ in range(4):
-                self.advance(first)
+        if not warm:
+            return
+        for i in range(handoffs + 1):
+            owner = self.nodes[i % count]
+            for _ in range(12):
+                if owner.phase == "active":
+                    break
+                self.advance(owner)
             for _ in range(warm):
-                self.do_write(first)
+                self.do_write(owner)
                 for _ in range(3):
-                    self.advance(first)
-            assert len(self.acked) == warm, self.acked
+                    self.advance(owner)
+            if snapshots:
+                self.do_snapshot(owner)
+                assert owner.snap is not None
+                self.do_land_snapshot(owner.snap)
+                self.do_gc_check(owner)
+                self.do_gc_delete(owner, every=True)
+            if i < handoffs:
+                self.do_release(owner)
+        assert len(self.acked) == warm * (handoffs + 1), self.acked
 
     # --- time, process life --------------------------------------------------------------
 
@@ -269,6 +390,7 @@ class ProtocolModel(RuleBasedStateMachine):
         event("paused process replaced (zombie)")
         n.running, n.paused, n.phase, n.pending = False, False, "idle", None
         n.restore, n.state, n.gate, n.shipped, n.upload = None, [], AckGate(), 0, None
+        n.base, n.snap_txid, n.snap = 0, 0, None  # the zombie keeps its snapshot job
         n.lease_token = None
         self.do_start(n)  # waits while the old process's lease is live
 
@@ -284,6 +406,8 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         if n.upload is not None and n.upload in self.in_flight and not lands:
             self.in_flight.remove(n.upload)
+        if n.snap is not None and n.snap in self.snaps_in_flight and not lands:
+            self.snaps_in_flight.remove(n.snap)
         self.reset_cell(n)
         n.running = False
         n.paused = False
@@ -388,6 +512,7 @@ class ProtocolModel(RuleBasedStateMachine):
         self.claims.append((claim.epoch, (n.id, n.generation)))
         n.phase, n.pending, n.epoch = "claimed", None, claim.epoch
         n.state, n.shipped, n.upload = [], 0, None
+        n.restore = Restore()
 
     @precondition(lambda self: any(self.may_claim(n) for n in self.nodes))
     @rule(data=st.data())
@@ -395,12 +520,21 @@ class ProtocolModel(RuleBasedStateMachine):
         self.do_acquire_claim(self.pick(data, self.may_claim))
 
     def may_release(self, n: Node) -> bool:
-        return self.active(n) and n.gate.unacked == 0 and n.upload is None
+        return (
+            self.active(n)
+            and n.gate.unacked == 0
+            and n.upload is None
+            and (n.snap is None or n.snap.landed)  # a snapshot upload is waited for
+        )
 
     def do_release(self, n: Node) -> None:
-        """Graceful hand-off: only with nothing unacknowledged."""
+        """Graceful hand-off: only with nothing unacknowledged, and after the snapshot work
+        (it waits for a snapshot upload, and cancels the collection) -- before own.json."""
         if not self.may_release(n):
             return
+        if n.snap is not None and n.snap.stage != "done":
+            event("release cancelled the collection")
+        n.snap = None
         n.owner.release_owner(CELL, n.epoch)
         self.reset_cell(n)
 
@@ -411,77 +545,151 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # --- restore -------------------------------------------------------------------------
 
+    def restoring(self, n: Node) -> bool:
+        return self.can_act(n) and n.phase in RESTORING and n.restore is not None
+
+    def relist(self, n: Node, why: str) -> None:
+        """Something listed is gone or the plan found a hole: list again (bounded), else the
+        activation fails (RestoreHole)."""
+        assert n.restore is not None
+        self.relists += 1
+        event(f"restore lists again: {why}")
+        if n.restore.listings >= MAX_LISTINGS:
+            event("restore failed: a hole that stayed")
+            self.reset_cell(n)
+        else:
+            n.phase = "claimed"
+
     def do_restore_list(self, n: Node) -> None:
-        if not self.can_act(n) or n.phase != "claimed":
-            return
-        listed = [info.key for info in self.bucket.list(ROOT)]
-        listing = restore_plan.parse_listing(ROOT, listed)
-        epochs = restore_plan.epochs_to_restore(listing, 1, n.epoch)
-        n.restore = Restore(listing, epochs)
-        n.phase = "restoring"
-
-    @precondition(lambda self: any(self.can_act(n) and n.phase == "claimed" for n in self.nodes))
-    @rule(data=st.data())
-    def restore_list(self, data: st.DataObject) -> None:
-        self.do_restore_list(self.pick(data, lambda n: self.can_act(n) and n.phase == "claimed"))
-
-    def do_restore_step(self, n: Node) -> None:
-        """One epoch of the restore loop (or, when none is left, open the cell)."""
-        if not self.can_act(n) or n.phase != "restoring" or n.restore is None:
+        """List, and plan from that listing, reading the seals the plan asks for."""
+        if not self.restoring(n) or n.phase != "claimed":
             return
         r = n.restore
-        if not r.epochs:
+        assert r is not None
+        r.listings += 1
+        listing = restore_plan.parse_listing(ROOT, [i.key for i in self.bucket.list(ROOT)])
+        seals: dict[int, int] = {}
+        while True:
+            planned = restore_plan.plan_restore(listing, n.epoch, seals)
+            if not isinstance(planned, restore_plan.NeedSeal):
+                break
+            value = read_seal(self.bucket, CELL, planned.epoch)
+            assert value is not None, "a listed seal vanished within one step"
+            seals[planned.epoch] = value
+        if isinstance(planned, restore_plan.Hole):
+            self.relist(n, "a hole")
+            return
+        r.plan = planned
+        n.phase = "fetching"
+
+    def do_restore_fetch(self, n: Node) -> None:
+        """Fetch the snapshot and every batch the plan reads, then apply them."""
+        if not self.restoring(n) or n.phase != "fetching":
+            return
+        r = n.restore
+        assert r is not None and r.plan is not None
+        plan = r.plan
+        state: list[int] = []
+        if plan.snapshot is not None:
+            obj = self.bucket.get(plan.snapshot.key)
+            if obj is None:
+                self.relist(n, "the snapshot vanished")
+                return
+            epoch, txid, state = decode_snapshot(obj.body)
+            assert (epoch, txid) == (plan.snapshot.epoch, plan.snapshot.txid)
+            assert len(state) == txid
+        bodies: list[bytes] = []
+        for ref in plan.reads:
+            got = self.bucket.get(ref.key)
+            if got is None:
+                self.relist(n, "a batch vanished")
+                return
+            bodies.append(got.body)
+        left = iter(bodies)
+        for step in plan.steps:
+            for ref in step.reads:
+                for txid, value in decode_batch(next(left)):
+                    if len(state) < txid <= step.upto:
+                        assert txid == len(state) + 1, f"{ref.key}: txid {txid} out of order"
+                        state.append(value)
+            assert len(state) == step.upto, (step, len(state))
+        assert len(state) == plan.last_txid
+        r.state = state
+        r.to_seal = list(plan.seals)
+        n.phase = "sealing"
+        if r.listings > 1:
+            event("restore succeeded after listing again")
+
+    def do_restore_seal(self, n: Node) -> None:
+        """Create the next seal the plan asks for; when none is left, open the cell."""
+        if not self.restoring(n) or n.phase != "sealing":
+            return
+        r = n.restore
+        assert r is not None
+        if not r.to_seal:
             self.open_cell(n)
             return
-        e = r.epochs.pop(0)
-        after = len(r.state)
-        seal_max: int | None = None
-        if e in r.listing.seals:
-            if not restore_plan.needs_seal_read(r.listing, e, after):
-                return
-            seal_max = read_seal(self.bucket, CELL, e)
-            assert seal_max is not None, "a listed seal vanished"
-        step = restore_plan.plan_epoch(r.listing, e, after, seal_max)
-        assert step.epoch == e and step.after == after
-        for ref in step.reads:
-            obj = self.bucket.get(ref.key)
-            assert obj is not None, f"{ref.key} vanished"
-            for txid, value in decode_batch(obj.body):
-                if len(r.state) < txid <= step.upto:
-                    assert txid == len(r.state) + 1, f"{ref.key}: txid {txid} out of order"
-                    r.state.append(value)
-        assert len(r.state) == step.upto, (step, len(r.state))
-        if step.seal:
-            try:
-                create_seal(self.bucket, CELL, e, len(r.state), n.epoch)
-            except SealLost:
-                event("restore lost the seal race")
-                self.reset_cell(n)  # this activation fails; the next finds the seal
+        step = r.to_seal.pop(0)
+        try:
+            create_seal(self.bucket, CELL, step.epoch, step.upto, n.epoch)
+        except SealLost:
+            event("restore lost the seal race")
+            self.reset_cell(n)  # this activation fails; the next finds the seal
+            return
+        previous = self.seal_values.setdefault(step.epoch, step.upto)
+        if previous != step.upto:
+            # The seal was created (by a later activation's restore) and collected (by its
+            # snapshot) between this restore's listing and this create, which the
+            # conditional create cannot see. Only a deposed activation can be that late,
+            # and the seal it leaves is never read: a snapshot of a later epoch covers it.
+            assert max(e for e, _ in self.claims) > n.epoch, (
+                f"epoch {step.epoch} sealed at {previous} was sealed again at {step.upto} by "
+                f"the current activation (epoch {n.epoch})"
+            )
+            assert step.upto < previous, (step, previous)
+            listing = restore_plan.parse_listing(ROOT, [i.key for i in self.bucket.list(ROOT)])
+            assert any(e > step.epoch for _t, e, _k in listing.snapshots), listing.snapshots
+            self.recreated_seals[step.epoch] = step.upto
+            event("a deposed restore re-created a collected seal (below a snapshot)")
 
-    @precondition(lambda self: any(self.can_act(n) and n.phase == "restoring" for n in self.nodes))
+    def do_restore_step(self, n: Node) -> None:
+        """The next step of a restore, whichever it is."""
+        if n.phase == "claimed":
+            self.do_restore_list(n)
+        elif n.phase == "fetching":
+            self.do_restore_fetch(n)
+        elif n.phase == "sealing":
+            self.do_restore_seal(n)
+
+    @precondition(lambda self: any(self.restoring(n) for n in self.nodes))
     @rule(data=st.data())
     def restore_step(self, data: st.DataObject) -> None:
-        self.do_restore_step(self.pick(data, lambda n: self.can_act(n) and n.phase == "restoring"))
+        self.do_restore_step(self.pick(data, self.restoring))
 
     def open_cell(self, n: Node) -> None:
-        assert n.restore is not None
+        assert n.restore is not None and n.restore.plan is not None
         state = n.restore.state
-        self.check_restored(n.epoch, state)
+        self.check_restored(n.epoch, state, n.restore.plan)
         for txid, value in enumerate(state, start=1):
             previous = self.durable.get(txid)
             assert previous is None or previous[0] == value, (txid, value, previous)
             if previous is None:
                 self.durable[txid] = (value, n.epoch)
+        snapshot = n.restore.plan.snapshot
         n.state = list(state)
         n.restore = None
         n.gate = AckGate(acked=len(state))
-        n.shipped = len(state)
+        n.shipped = n.base = len(state)
+        n.snap_txid = snapshot.txid if snapshot else 0
         n.upload = None
+        n.snap = None
         n.phase = "active"
         event(f"restore at epoch {min(n.epoch, 4)}{'+' if n.epoch >= 4 else ''}")
         event(f"restored {min(len(state), 3)}{'+' if len(state) >= 3 else ''} txids")
+        if snapshot is not None:
+            event("restored from a snapshot")
 
-    def check_restored(self, epoch: int, state: list[int]) -> None:
+    def check_restored(self, epoch: int, state: list[int], plan: restore_plan.Plan) -> None:
         # Invariant 3: every write acknowledged at an earlier epoch is present. (A write at
         # an earlier epoch acknowledged after this claim would be a violation of its own.)
         for txid, (value, ack_epoch, node) in sorted(self.acked.items()):
@@ -502,28 +710,45 @@ class ProtocolModel(RuleBasedStateMachine):
         if state:
             assert tuple(state) == self.history[state[-1]], (state, self.history[state[-1]])
         # Invariant 5: the state is the one after the last sealed transaction, computed
-        # independently from the seals and batches now in the bucket.
+        # independently: every seal (as in the bucket, or as it was written when the
+        # collection has deleted it since) and every batch ever uploaded.
         seals: list[int] = []
         for e in range(1, epoch):
-            seal = read_seal(self.bucket, CELL, e)
-            assert seal is not None, f"epoch {e} is unsealed after a restore at {epoch}"
-            seals.append(seal)
+            value = read_seal(self.bucket, CELL, e)
+            if value is None:
+                assert e in self.seal_values, f"epoch {e} is unsealed after a restore at {epoch}"
+                value = self.seal_values[e]
+            elif self.recreated_seals.get(e) != value:
+                assert self.seal_values.get(e) == value, (e, value, self.seal_values)
+            seals.append(value)
         assert seals == sorted(seals), f"seals go backwards: {seals}"
-        assert len(state) == (seals[-1] if seals else 0), (state, seals)
+        assert len(state) == (seals[-1] if seals else 0), (
+            state,
+            seals,
+            plan,
+            sorted(i.key[len(ROOT) :] for i in self.bucket.list(ROOT)),
+        )
         expected: list[int] = []
         low = 0
         for e, high in enumerate(seals, start=1):
             found: dict[int, set[int]] = {}
-            for info in self.bucket.list(keys.epoch_dir(CELL, e)):
-                obj = self.bucket.get(info.key)
-                assert obj is not None
-                for txid, value in decode_batch(obj.body):
-                    found.setdefault(txid, set()).add(value)
+            folder = keys.epoch_dir(CELL, e)
+            for key, body in self.archive.items():
+                if key.startswith(folder):
+                    for txid, value in decode_batch(body):
+                        found.setdefault(txid, set()).add(value)
             for txid in range(low + 1, high + 1):
                 assert len(found.get(txid, ())) == 1, (e, txid, found)
                 expected.append(next(iter(found[txid])))
             low = high
         assert state == expected, (state, expected)
+        # A restore from a snapshot (GC may have removed the epochs below it): the snapshot
+        # holds exactly that prefix of the sealed history, and the rest came from batches.
+        if plan.snapshot is not None:
+            snap_epoch, txid, image = decode_snapshot(self.archive[plan.snapshot.key])
+            assert (snap_epoch, txid) == (plan.snapshot.epoch, plan.snapshot.txid)
+            assert image == expected[:txid], (image, expected)
+            assert plan.snapshot.epoch < epoch
 
     # --- writes --------------------------------------------------------------------------
 
@@ -578,6 +803,7 @@ class ProtocolModel(RuleBasedStateMachine):
         replaced)."""
         self.in_flight.remove(upload)
         self.bucket.put(upload.key, upload.body)
+        assert self.archive.setdefault(upload.key, upload.body) == upload.body
         upload.landed = True
 
     def may_retry(self, n: Node) -> bool:
@@ -632,6 +858,166 @@ class ProtocolModel(RuleBasedStateMachine):
     def recheck(self, data: st.DataObject) -> None:
         self.do_recheck(self.pick(data, self.may_recheck))
 
+    # --- snapshots and their collection (owner work) -----------------------------------
+
+    def snapshot_range(self, n: Node) -> range:
+        """Txids this activation may snapshot: acknowledged, not below its restore, beyond
+        the chain's last snapshot."""
+        return range(max(n.base, n.snap_txid + 1, 1), n.gate.acked + 1)
+
+    def snap_busy(self, n: Node) -> bool:
+        """Snapshot work of this activation is still going (its upload, or its collection)."""
+        return n.snap is not None and not (n.snap.stage == "done" and n.snap.landed)
+
+    def may_snapshot(self, n: Node) -> bool:
+        return self.active(n) and not self.snap_busy(n) and len(self.snapshot_range(n)) > 0
+
+    def do_snapshot(self, n: Node, txid: int | None = None) -> None:
+        """Upload a snapshot of acknowledged state (off the ack path; it may land late)."""
+        if not self.may_snapshot(n):
+            return
+        txid = self.snapshot_range(n)[-1] if txid is None else txid
+        assert txid in self.snapshot_range(n)
+        image = n.state[:txid]
+        for t, value in enumerate(image, start=1):
+            assert self.durable[t][0] == value, f"a snapshot of txid {t} that is not durable"
+        key = keys.snapshot_key(CELL, txid, n.epoch)
+        n.snap = SnapshotJob(n.id, n.epoch, txid, key, encode_snapshot(n.epoch, txid, image))
+        n.snap_txid = txid
+        self.snaps_in_flight.append(n.snap)
+
+    @precondition(lambda self: any(self.may_snapshot(n) for n in self.nodes))
+    @rule(data=st.data())
+    def snapshot(self, data: st.DataObject) -> None:
+        n = self.pick(data, self.may_snapshot)
+        self.do_snapshot(n, data.draw(st.sampled_from(self.snapshot_range(n)), label="txid"))
+
+    def do_land_snapshot(self, job: SnapshotJob) -> None:
+        """A snapshot upload reaches the store, whatever its node is doing now."""
+        self.snaps_in_flight.remove(job)
+        self.bucket.put(job.key, job.body)
+        assert self.archive.setdefault(job.key, job.body) == job.body
+        job.landed = True
+
+    @precondition(lambda self: bool(self.snaps_in_flight))
+    @rule(data=st.data())
+    def land_snapshot(self, data: st.DataObject) -> None:
+        self.do_land_snapshot(data.draw(st.sampled_from(self.snaps_in_flight), label="snap"))
+
+    def may_gc_check(self, n: Node) -> bool:
+        job = n.snap
+        return (
+            self.can_act(n)
+            and job is not None
+            and job.stage == "upload"
+            and (job.landed or self.gc_check_before_landing)
+        )
+
+    def do_gc_check(self, n: Node) -> None:
+        """The collection lists what the snapshot covers and re-reads own.json (the real
+        :func:`collect_garbage`); its deletes are the node's next steps."""
+        if not self.may_gc_check(n):
+            return
+        job = n.snap
+        assert job is not None
+        owner = n.owner
+
+        def owns() -> bool:
+            record = owner.read_owner(CELL)
+            return record is not None and (record.node, record.epoch) == (job.node, job.epoch)
+
+        deferred = DeferredDeletes(self.bucket)
+        collect_garbage(deferred, CELL, job.epoch, job.txid, owns=owns)
+        job.doomed = deferred.deleted
+        job.stage = "deleting" if job.doomed else "done"
+        if not job.doomed and not owns():
+            event("collection skipped: own.json names another owner")
+        if job.doomed and not job.landed:
+            event("collection checked before its snapshot landed")
+
+    @precondition(lambda self: any(self.may_gc_check(n) for n in self.nodes))
+    @rule(data=st.data())
+    def gc_check(self, data: st.DataObject) -> None:
+        self.do_gc_check(self.pick(data, self.may_gc_check))
+
+    def may_gc_delete(self, n: Node) -> bool:
+        job = n.snap
+        return self.can_act(n) and job is not None and job.stage == "deleting" and job.landed
+
+    def do_gc_delete(self, n: Node, every: bool = False) -> None:
+        """Delete the next object the collection chose (or all of them)."""
+        if not self.may_gc_delete(n):
+            return
+        job = n.snap
+        assert job is not None
+        record = n.owner.read_owner(CELL)  # the model's look, not the node's
+        if record is None or (record.node, record.epoch) != (job.node, job.epoch):
+            event("collection deletes after a takeover")
+        while job.doomed:
+            self.bucket.delete(job.doomed.pop(0))
+            if not every:
+                break
+        if not job.doomed:
+            job.stage = "done"
+
+    @precondition(lambda self: any(self.may_gc_delete(n) for n in self.nodes))
+    @rule(data=st.data(), every=st.booleans())
+    def gc_delete(self, data: st.DataObject, every: bool) -> None:
+        self.do_gc_delete(self.pick(data, self.may_gc_delete), every)
+
+    def stalled_collector(self, n: Node) -> bool:
+        return n.running and n.paused and n.snap is not None and n.snap.stage == "deleting"
+
+    @precondition(lambda self: any(self.stalled_collector(n) for n in self.nodes))
+    @rule(data=st.data(), every=st.booleans())
+    def collector_wakes(self, data: st.DataObject, every: bool) -> None:
+        """A node paused after its collection's ownership check resumes and deletes at once
+        (before its watchdog runs), whoever owns the cell now."""
+        n = self.pick(data, self.stalled_collector)
+        n.paused = False
+        assert n.snap is not None
+        if not n.snap.landed and n.snap in self.snaps_in_flight:
+            self.do_land_snapshot(n.snap)
+        self.do_gc_delete(n, every)
+
+    @precondition(
+        lambda self: (
+            any(self.stalled_collector(n) for n in self.nodes)
+            and any(self.can_act(n) for n in self.nodes)
+        )
+    )
+    @rule(data=st.data(), every=st.booleans())
+    def takeover_races_collection(self, data: st.DataObject, every: bool) -> None:
+        """The race of the acknowledged-write loss: a node lists for its restore while an
+        owner is stalled after its collection's ownership check; the owner wakes and deletes
+        before the restore fetches."""
+        b = self.pick(data, self.stalled_collector)
+        a = self.pick(data, self.can_act)
+        for _ in range(8):
+            if not self.can_act(a) or a.phase not in ("idle", "claiming", "claimed"):
+                break
+            self.advance(a)
+        b.paused = False
+        assert b.snap is not None
+        if b.snap in self.snaps_in_flight:
+            self.do_land_snapshot(b.snap)
+        self.do_gc_delete(b, every)
+        for _ in range(8):
+            if not self.can_act(a) or a.phase not in RESTORING:
+                break
+            self.advance(a)
+
+    @precondition(lambda self: any(self.may_snapshot(n) for n in self.nodes))
+    @rule(data=st.data())
+    def snapshot_cycle(self, data: st.DataObject) -> None:
+        """A whole snapshot at once: upload, land, check, delete."""
+        n = self.pick(data, self.may_snapshot)
+        self.do_snapshot(n)
+        assert n.snap is not None
+        self.do_land_snapshot(n.snap)
+        self.do_gc_check(n)
+        self.do_gc_delete(n, every=True)
+
     # --- progress: the next natural steps of one node, so that runs get somewhere ---------
 
     def advance(self, n: Node) -> None:
@@ -643,16 +1029,22 @@ class ProtocolModel(RuleBasedStateMachine):
             self.do_acquire_read(n)
         elif n.phase == "claiming":
             self.do_acquire_claim(n)
-        elif n.phase == "claimed":
-            self.do_restore_list(n)
-        elif n.phase == "restoring":
+        elif n.phase in RESTORING:
             self.do_restore_step(n)
         elif n.upload is not None and n.upload.landed:
             self.do_recheck(n)
+        elif n.snap is not None and n.snap in self.snaps_in_flight:
+            self.do_land_snapshot(n.snap)
+        elif self.may_gc_check(n):
+            self.do_gc_check(n)
+        elif self.may_gc_delete(n):
+            self.do_gc_delete(n)
         elif n.upload is None and n.shipped < len(n.state):
             self.do_ship(n)
         elif n.upload is not None and n.upload in self.in_flight:
             self.do_land(n.upload)
+        elif self.may_snapshot(n) and n.gate.acked - n.snap_txid >= SNAPSHOT_EVERY:
+            self.do_snapshot(n)  # the snapshot policy: the chain since the last one is long
         else:
             self.do_write(n)
 
@@ -667,6 +1059,32 @@ class ProtocolModel(RuleBasedStateMachine):
             self.do_crash(n, lands=how == "crash")
         self.tick(12_000)
         if how == "replace":
+            self.do_replace(n)
+
+    @precondition(lambda self: any(self.active(n) for n in self.nodes))
+    @rule(data=st.data(), lands=st.booleans(), replaced=st.booleans())
+    def owner_stalls_mid_collection(self, data: st.DataObject, lands: bool, replaced: bool) -> None:
+        """An owner acknowledges one more write, snapshots, passes its collection's ownership
+        check (its snapshot landed, or -- when the model allows -- still in flight), and
+        stalls past its TTL (or is replaced): its deletes are still to come."""
+        n = self.pick(data, self.active)
+        if not self.may_snapshot(n) and not self.snap_busy(n) and n.upload is None:
+            self.do_write(n)
+            self.do_ship(n)
+            assert n.upload is not None
+            self.do_land(n.upload)
+            self.do_recheck(n)
+        if not self.may_snapshot(n):
+            return
+        self.do_snapshot(n)
+        assert n.snap is not None
+        if lands or not self.gc_check_before_landing:
+            self.do_land_snapshot(n.snap)
+        self.do_gc_check(n)
+        event(f"owner stalls mid-collection: {n.snap.stage}")
+        n.paused = True
+        self.tick(12_000)
+        if replaced:
             self.do_replace(n)
 
     @rule(data=st.data(), times=st.integers(1, 8))
@@ -696,6 +1114,39 @@ class ProtocolModel(RuleBasedStateMachine):
         self.owner_epoch_seen = epoch
 
     @invariant()
+    def bucket_restores_every_durable_write(self) -> None:
+        """At every moment (mid-collection too), a restore at the next epoch would plan
+        without a hole and rebuild every acknowledged or sealed write."""
+        if not self.claims:
+            return
+        current = max(e for e, _ in self.claims) + 1
+        listing = restore_plan.parse_listing(ROOT, [i.key for i in self.bucket.list(ROOT)])
+        seals: dict[int, int] = {}
+        while isinstance(
+            planned := restore_plan.plan_restore(listing, current, seals), restore_plan.NeedSeal
+        ):
+            value = read_seal(self.bucket, CELL, planned.epoch)
+            assert value is not None
+            seals[planned.epoch] = value
+        assert isinstance(planned, restore_plan.Plan), f"the bucket has a hole: {planned}"
+        state: list[int] = []
+        if planned.snapshot is not None:
+            obj = self.bucket.get(planned.snapshot.key)
+            assert obj is not None
+            state = decode_snapshot(obj.body)[2]
+        for step in planned.steps:
+            for ref in step.reads:
+                obj = self.bucket.get(ref.key)
+                assert obj is not None
+                for txid, value in decode_batch(obj.body):
+                    if len(state) < txid <= step.upto:
+                        state.append(value)
+        for txid, (value, _) in self.durable.items():
+            assert txid <= len(state) and state[txid - 1] == value, (txid, value, state)
+        if state:
+            assert tuple(state) == self.history[state[-1]], (state, self.history[state[-1]])
+
+    @invariant()
     def durable_writes_form_a_prefix(self) -> None:
         assert sorted(self.durable) == list(range(1, len(self.durable) + 1))
 
@@ -712,8 +1163,8 @@ class ProtocolModel(RuleBasedStateMachine):
 
 
 ProtocolModel.TestCase.settings = settings(
-    max_examples=400,
-    stateful_step_count=60,
+    max_examples=1000,
+    stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -732,8 +1183,7 @@ def fresh(count: int = 2) -> tuple[ProtocolModel, list[Node]]:
 def activate(m: ProtocolModel, n: Node) -> None:
     m.do_acquire_read(n)
     m.do_acquire_claim(n)
-    m.do_restore_list(n)
-    while n.phase == "restoring":
+    while n.phase in RESTORING:
         m.do_restore_step(n)
     assert n.phase == "active"
 
@@ -838,7 +1288,8 @@ def test_scenario_restore_loses_the_seal_race() -> None:
     activate(m, n3)  # epoch 3: e1 chain reaches 2, e2 is empty
     assert n3.state == [1, 2]
     n2.paused = False
-    m.do_restore_step(n2)  # the seal of e1 exists already: SealLost
+    m.do_restore_fetch(n2)
+    m.do_restore_seal(n2)  # the seal of e1 exists already: SealLost
     assert n2.phase == "idle"
     # Sealed is durable: a read on the new owner goes at once.
     out = n3.gate.hold(Response("r", n3.gate.committed))
@@ -929,3 +1380,256 @@ def test_scenario_retried_upload_overlaps() -> None:
     m.do_renew(n2)
     activate(m, n2)
     assert n2.state == [m.acked[1][0], m.acked[2][0]]
+
+
+# --- scripted scenarios: snapshots and their collection ------------------------------------
+
+
+def write_acked(m: ProtocolModel, n: Node, times: int = 1) -> None:
+    for _ in range(times):
+        m.do_write(n)
+        replicate(m, n)
+
+
+def bucket_keys(m: ProtocolModel) -> set[str]:
+    return {info.key for info in m.bucket.list(ROOT)}
+
+
+def acked_values(m: ProtocolModel) -> list[int]:
+    return [m.acked[t][0] for t in sorted(m.acked)]
+
+
+def snapshot_and_collect(m: ProtocolModel, n: Node) -> SnapshotJob:
+    m.do_snapshot(n)
+    job = n.snap
+    assert job is not None
+    m.do_land_snapshot(job)
+    m.do_gc_check(n)
+    m.do_gc_delete(n, every=True)
+    assert job.stage == "done"
+    return job
+
+
+def history_until_collection(m: ProtocolModel) -> tuple[Node, Node, Node, SnapshotJob]:
+    """n1 (epoch 1) acknowledges txids 1-2, snapshots S0 at 2 and releases; n2 (epoch 2)
+    restores from S0, acknowledges 3-4 and starts a snapshot S1 at 4 (in flight)."""
+    n1, n2, n3 = m.nodes
+    activate(m, n1)
+    write_acked(m, n1, 2)
+    s0 = snapshot_and_collect(m, n1)
+    m.do_release(n1)
+    activate(m, n2)
+    assert n2.epoch == 2 and n2.snap_txid == 2  # restored from S0
+    write_acked(m, n2, 2)
+    m.do_snapshot(n2)
+    assert n2.snap is not None and n2.snap.txid == 4
+    return n2, n3, n1, s0
+
+
+def test_scenario_collection_deletes_what_a_takeover_restore_listed() -> None:
+    """The race of the acknowledged-write loss, in the variant the fixed protocol still
+    allows (release waits for snapshot work, so B is paused instead): B's collection passed
+    its ownership check with its snapshot S1 in flight; B stalls past its TTL; A takes over
+    and lists (S1 not there yet: A plans from the older S0); S1 lands and B deletes S0 and
+    epoch 1. A's fetch finds S0 gone, lists again, and restores from S1: every write."""
+    m, _ = fresh(3)
+    b, a, _n1, s0 = history_until_collection(m)
+    s1 = b.snap
+    assert s1 is not None
+    m.do_gc_check(b)  # own.json still names B at epoch 2
+    assert s1.stage == "deleting" and not s1.landed
+    assert set(s1.doomed) == {
+        keys.batch_key(CELL, 1, 1, 1),
+        keys.batch_key(CELL, 1, 2, 2),
+        keys.seal_key(CELL, 1),
+        s0.key,
+    }
+    b.paused = True
+    m.tick(12_000)
+    m.do_renew(a)
+    m.do_acquire_read(a)
+    m.do_acquire_claim(a)
+    assert a.epoch == 3
+    m.do_restore_list(a)
+    assert a.restore is not None and a.restore.plan is not None
+    assert a.restore.plan.snapshot is not None and a.restore.plan.snapshot.key == s0.key
+    m.do_land_snapshot(s1)
+    b.paused = False  # before its watchdog fences it
+    m.do_gc_delete(b, every=True)
+    assert s0.key not in bucket_keys(m)
+    m.do_restore_fetch(a)  # S0 is gone: list again
+    assert a.phase == "claimed" and m.relists == 1
+    while a.phase in RESTORING:
+        m.do_restore_step(a)
+    assert a.phase == "active"
+    assert a.state == acked_values(m) and len(a.state) == 4
+    assert a.snap_txid == 4  # restored from S1
+    m.bucket_restores_every_durable_write()
+
+
+def test_scenario_collection_after_its_upload_never_touches_a_takeover_restore() -> None:
+    """In the code's order (upload, then the ownership check), a restore that lists after
+    the check sees the new snapshot, so the stalled owner's deletes never hit its reads."""
+    m, _ = fresh(3)
+    b, a, _n1, s0 = history_until_collection(m)
+    s1 = b.snap
+    assert s1 is not None
+    m.do_land_snapshot(s1)
+    m.do_gc_check(b)
+    assert s1.stage == "deleting"
+    b.paused = True
+    m.tick(12_000)
+    m.do_renew(a)
+    m.do_acquire_read(a)
+    m.do_acquire_claim(a)
+    m.do_restore_list(a)
+    assert a.restore is not None and a.restore.plan is not None
+    assert a.restore.plan.snapshot is not None and a.restore.plan.snapshot.key == s1.key
+    b.paused = False
+    m.do_gc_delete(b, every=True)
+    assert s0.key not in bucket_keys(m)
+    activate_rest(m, a)
+    assert m.relists == 0 and a.state == acked_values(m)
+
+
+def activate_rest(m: ProtocolModel, n: Node) -> None:
+    while n.phase in RESTORING:
+        m.do_restore_step(n)
+    assert n.phase == "active"
+
+
+def test_scenario_late_snapshot_from_a_zombie() -> None:
+    """n1 pauses with a snapshot upload in flight and is replaced; the new process takes the
+    cell at epoch 2 and writes on. The zombie's snapshot lands late; the zombie wakes, its
+    collection re-reads own.json (n1, but epoch 2) and deletes nothing. A later restore may
+    use the late snapshot: it stands for acknowledged state, within epoch 1's seal."""
+    m, (n1, n2) = fresh()
+    activate(m, n1)
+    write_acked(m, n1, 2)
+    m.do_snapshot(n1)
+    late = n1.snap
+    assert late is not None and not late.landed
+    n1.paused = True
+    m.tick(12_000)
+    m.do_replace(n1)
+    zombie = m.nodes[-1]
+    assert zombie.zombie and zombie.snap is late
+    activate(m, n1)  # epoch 2: restores the chain, seals epoch 1 at 2
+    assert n1.epoch == 2
+    write_acked(m, n1)
+    before = bucket_keys(m)
+    m.do_land_snapshot(late)
+    zombie.paused = False
+    m.do_gc_check(zombie)
+    assert late.stage == "done" and bucket_keys(m) == before | {late.key}
+    m.do_crash(n1, lands=True)
+    m.tick(12_000)
+    m.do_renew(n2)
+    activate(m, n2)  # epoch 3: reads epoch 1's seal, uses the late snapshot
+    assert n2.epoch == 3 and n2.snap_txid == 2
+    assert n2.state == acked_values(m) and len(n2.state) == 3
+
+
+def test_scenario_collection_skipped_after_a_takeover() -> None:
+    """The owner's snapshot lands, then it stalls before its collection's ownership check;
+    another node takes over. The check re-reads own.json, sees the new owner, and nothing is
+    deleted."""
+    m, _ = fresh(3)
+    b, a, _n1, _s0 = history_until_collection(m)
+    s1 = b.snap
+    assert s1 is not None
+    m.do_land_snapshot(s1)
+    b.paused = True
+    m.tick(12_000)
+    m.do_renew(a)
+    activate(m, a)
+    assert a.epoch == 3 and a.state == acked_values(m)
+    before = bucket_keys(m)
+    b.paused = False
+    m.do_gc_check(b)
+    assert s1.stage == "done" and s1.doomed == []
+    assert bucket_keys(m) == before
+    # ...and the new owner's own collection deletes everything below its epoch.
+    write_acked(m, a)
+    job = snapshot_and_collect(m, a)
+    assert [k for k in bucket_keys(m) if k.endswith(".snap")] == [job.key]
+    assert not [k for k in bucket_keys(m) if "/e1" in k or "/e2" in k]
+
+
+def test_scenario_release_waits_for_the_snapshot_upload() -> None:
+    m, (n1, n2) = fresh()
+    activate(m, n1)
+    write_acked(m, n1, 2)
+    m.do_snapshot(n1)
+    assert n1.snap is not None
+    assert not m.may_release(n1)  # the upload is in flight
+    m.do_land_snapshot(n1.snap)
+    assert m.may_release(n1)
+    m.do_release(n1)  # cancels the collection that has not run
+    assert n1.snap is None and n1.phase == "idle"
+    activate(m, n2)
+    assert n2.state == acked_values(m)
+
+
+def test_scenario_deposed_restore_recreates_a_collected_seal() -> None:
+    """A design limit, harmless: n2 lists and fetches at epoch 2, then stalls before its
+    seals; n3 takes over, seals epoch 1 higher (a late batch landed), snapshots and collects
+    epochs 1-2 with their seals. n2's conditional create of epoch 1's seal succeeds (the seal
+    is gone), below the snapshot that covers it: no later restore reads it."""
+    m, (n1, n2, n3) = fresh(3)
+    activate(m, n1)
+    write_acked(m, n1, 2)
+    m.do_write(n1)
+    m.do_ship(n1)  # txid 3 in flight
+    late = n1.upload
+    assert late is not None
+    m.do_crash(n1, lands=True)
+    m.tick(12_000)
+    m.do_renew(n2)
+    m.do_renew(n3)
+    m.do_acquire_read(n2)
+    m.do_acquire_claim(n2)
+    m.do_restore_list(n2)
+    m.do_restore_fetch(n2)  # e1 through txid 2
+    assert n2.phase == "sealing"
+    n2.paused = True
+    m.do_land(late)
+    m.tick(12_000)
+    m.do_renew(n3)
+    activate(m, n3)  # epoch 3: seals e1 at 3 (the late batch is whole), e2 at 3
+    assert n3.state[:2] == acked_values(m) and len(n3.state) == 3
+    snapshot_and_collect(m, n3)
+    assert keys.seal_key(CELL, 1) not in bucket_keys(m)
+    n2.paused = False
+    activate_rest(m, n2)  # re-creates e1's seal at 2: deposed, its writes never acknowledged
+    assert read_seal(m.bucket, CELL, 1) == 2 and m.seal_values[1] == 3
+    m.bucket_restores_every_durable_write()
+    m.do_write(n2)
+    replicate(m, n2)  # the re-read sees n3 at epoch 3: the write fails
+    assert n2.phase == "idle" and max(m.acked) == 2
+
+
+def test_scenario_superseded_restore_after_a_collection() -> None:
+    m, (n1, n2, n3) = fresh(3)
+    activate(m, n1)
+    write_acked(m, n1, 2)
+    m.do_crash(n1, lands=True)
+    m.tick(12_000)
+    m.do_renew(n2)
+    m.do_renew(n3)
+    m.do_acquire_read(n2)
+    m.do_acquire_claim(n2)
+    assert n2.epoch == 2 and n2.phase == "claimed"
+    n2.paused = True
+    m.tick(12_000)
+    m.do_renew(n3)
+    activate(m, n3)
+    write_acked(m, n3)
+    snapshot_and_collect(m, n3)
+    n2.paused = False
+    while n2.phase in RESTORING:
+        m.do_restore_step(n2)
+    # The listing shows epoch 3's snapshot: a later activation superseded n2's, which fails
+    # instead of sealing the collected epochs at txid 0 and opening empty.
+    assert n2.phase == "idle"
+    assert read_seal(m.bucket, CELL, 1) is None  # nothing re-sealed below the snapshot

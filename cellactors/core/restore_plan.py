@@ -255,6 +255,9 @@ def plan_restore(
         )
     pos = snap.txid if snap else 0
     steps: list[EpochStep] = []
+    # Epochs whose owner restored (so sealed everything below): a batch, a seal or a
+    # snapshot (even an unusable one) shows it.
+    written = {*listing.batches, *listing.seals, *(e for _t, e, _k in listing.snapshots)}
     for epoch in epochs_to_restore(listing, snap.epoch if snap else 1, current):
         refs = listing.batches.get(epoch, [])
         if refs and min(ref.first for ref in refs) - 1 > pos:
@@ -274,9 +277,7 @@ def plan_restore(
                     f"txid {step.upto}: batch objects are missing"
                 )
         else:
-            later = [
-                e for e in range(epoch + 1, current) if e in listing.seals or e in listing.batches
-            ]
+            later = [e for e in range(epoch + 1, current) if e in written]
             if later:
                 # Restorers seal epochs in ascending order before an epoch is written to, so
                 # an unsealed epoch below a written or sealed one lost its seal.
