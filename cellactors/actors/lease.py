@@ -224,8 +224,11 @@ class LeaseActor(pykka.ThreadingActor):
             self.next_attempt = time.monotonic() + interval
         elif not self._fenced:
             self.failures += 1
+            now = time.monotonic()
             delay = lease_rules.retry_delay(self.failures, interval / 2, random.random())
-            self.next_attempt = time.monotonic() + delay
+            # Several more tries must fit before the deadline, however the backoff grew.
+            delay = min(delay, max(0.02, (self.deadline - now) / 4))
+            self.next_attempt = now + delay
         return ok
 
     def expire(self) -> None:
