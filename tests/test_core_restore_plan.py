@@ -262,13 +262,13 @@ def drive(
     current: int,
     seal_values: dict[int, int],
     unusable: AbstractSet[str] = frozenset(),
-) -> tuple[PlanResult, list[int]]:
+) -> tuple[Plan | Hole, list[int]]:
     """Plan as the executor does: answer each :class:`NeedSeal` from ``seal_values`` and plan
     again. Returns the result and the epochs whose seals were asked for, in order."""
     seals: dict[int, int] = {}
     asked: list[int] = []
     for _ in range(len(listing.seals) + 1):
-        result = plan_restore(listing, current, seals, unusable)
+        result: PlanResult = plan_restore(listing, current, seals, unusable)
         if not isinstance(result, NeedSeal):
             return result, asked
         assert result.epoch in listing.seals, f"asked for the unlisted seal of {result.epoch}"

@@ -89,8 +89,10 @@ def put_snapshot(bucket: MemoryBucket, epoch: int, txid: int, body: bytes | None
     return key
 
 
-def put_seal(bucket: MemoryBucket, epoch: int, max_txid: int) -> None:
-    bucket.put(keys.seal_key(CELL, epoch), seal_body(epoch, max_txid, epoch + 1))
+def put_seal(bucket: MemoryBucket, epoch: int, max_txid: int) -> str:
+    key = keys.seal_key(CELL, epoch)
+    bucket.put(key, seal_body(epoch, max_txid, epoch + 1))
+    return key
 
 
 def history(bucket: MemoryBucket, snapshot: bool = True) -> str:
