@@ -4,19 +4,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from cellactors import Node, NodeSettings
+from cellactors.core.types import Applied, Match
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.celldb import dump
+from cellactors.persistence.leases import LeaseStore
 from tests.cells import Counter, Sandbox
 
 T = TypeVar("T")
 
 
-def make_node(bucket: Bucket, node_id: str, ttl: float = 2.0, **kw: Any) -> Node:
+# Leases a loaded machine can renew: a renewal every TTL/3 = 1 s, a fence deadline 2 s after
+# the last successful send. Tests that need a lease gone expire it with expire_lease().
+TTL = 3.0
+
+
+def make_node(bucket: Bucket, node_id: str, ttl: float = TTL, **kw: Any) -> Node:
     settings = NodeSettings(lease_ttl=ttl, advertise=f"127.0.0.1:1{len(node_id)}", **kw)
     return Node(bucket, node_id, [Counter, Sandbox], settings).start()
+
+
+def crash(node: Node, bucket: Bucket, reason: str = "test: crashed") -> None:
+    """Stop ``node`` as a crash would (no release of its cells or lease), then expire its
+    lease in ``bucket`` as if its TTL had passed, so peers may take over at once."""
+    node.lease.proxy().pause().get()
+    node.fence(reason)
+    expire_lease(bucket, node.node_id)
+
+
+def expire_lease(bucket: Bucket, node_id: str) -> None:
+    """Rewrite a node's lease with an expiry in the past: what peers see once its TTL has
+    elapsed without a renewal. Guarded, so it fails if the node renewed meanwhile."""
+    leases = LeaseStore(bucket, node_id)
+    snap = leases.read_lease(node_id)
+    assert snap is not None, f"node {node_id} has no lease"
+    result = leases.cas_node_lease(Match(snap.token), replace(snap.lease, expires_ms=0))
+    assert isinstance(result, Applied), result
 
 
 def eventually(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.05) -> T:

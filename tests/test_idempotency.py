@@ -21,7 +21,7 @@ from cellactors.persistence import calls
 from cellactors.persistence.celldb import CellDatabase
 from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.s3 import S3Bucket
-from tests.runtime_helpers import cell_dump, eventually, make_node, owner_epoch
+from tests.runtime_helpers import cell_dump, crash, eventually, make_node, owner_epoch
 from tests.test_runtime import HangingBucket, delta
 
 WALLET = "Wallet:w"
@@ -221,13 +221,13 @@ def test_a_replayed_answer_waits_for_the_record_to_be_durable(sw_bucket: S3Bucke
 
 
 def test_a_key_is_honoured_after_a_takeover_by_another_node(sw_bucket: S3Bucket) -> None:
-    a = wallet_node(sw_bucket, "na", ttl=1.0)
-    b = wallet_node(sw_bucket, "nb", ttl=1.0)
+    a = wallet_node(sw_bucket, "na")
+    b = wallet_node(sw_bucket, "nb")
     try:
         assert call(a, "deposit", key="k1", amount=10) == 10
         assert call(a, "deposit", amount=1) == 11
         original = cell_dump(a, WALLET)
-        a.fence("simulated crash")  # abandoned without release: B waits for the lease
+        crash(a, sw_bucket)  # abandoned without release: B takes over once the lease expired
         assert eventually(lambda: call(b, "deposit", key="k1", amount=10), timeout=10) == 10
         assert owner_epoch(b, WALLET) == ("nb", 2)
         assert cell_dump(b, WALLET) == original  # the call log is restored exactly

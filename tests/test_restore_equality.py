@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cellactors.errors import MethodFailed
 from cellactors.persistence.s3 import S3Bucket
-from tests.runtime_helpers import cell_dump, eventually, make_node
+from tests.runtime_helpers import cell_dump, crash, eventually, make_node
 
 TABLES = {
     "t_rowid": "CREATE TABLE IF NOT EXISTS t_rowid (a, b)",
@@ -74,9 +74,8 @@ def test_takeover_restores_an_equal_database(
 ) -> None:
     n = next(_ids)
     cell = f"w{n}"
-    # A short TTL keeps takeovers fast; 1 s leaves a loaded CI machine room to renew.
-    a = make_node(sw_bucket, f"a{n}", ttl=1.0)
-    b = make_node(sw_bucket, f"b{n}", ttl=1.0)
+    a = make_node(sw_bucket, f"a{n}")
+    b = make_node(sw_bucket, f"b{n}")
     try:
         for call in [list(TABLES.values()), *workload]:
             try:
@@ -84,7 +83,7 @@ def test_takeover_restores_an_equal_database(
             except MethodFailed:
                 pass  # e.g. a table that does not exist yet: rolled back, nothing captured
         original = cell_dump(a, f"Sandbox:{cell}")
-        a.fence("simulated crash")  # no release: B must wait for the lease to expire
+        crash(a, sw_bucket)  # no release: B takes over once A's lease has expired
         eventually(lambda: b.call("Sandbox", cell, "run", {"statements": []}) == 0, timeout=10)
         assert cell_dump(b, f"Sandbox:{cell}") == original
     finally:
