@@ -57,6 +57,7 @@ from cellactors.errors import (
     NotDurable,
     StaleRoute,
     UnknownCell,
+    UnknownMethod,
 )
 from cellactors.server import codec
 
@@ -66,6 +67,7 @@ _BY_CODE: dict[str, type[CallError]] = {
     cls.code: cls
     for cls in (
         UnknownCell,
+        UnknownMethod,
         BadRequest,
         codec.PayloadTooLarge,
         NotDurable,

@@ -61,11 +61,18 @@ class CallError(CellactorsError):
 
 
 class UnknownCell(CallError):
-    """No served CellActor class or no public method by that name."""
+    """No served CellActor class by that name."""
 
     status = 404
     code = "unknown_cell"
     outcome = NOT_RUN
+
+
+class UnknownMethod(UnknownCell):
+    """The class is served but has no public method by that name (a subclass of
+    :class:`UnknownCell`, so code catching that keeps working)."""
+
+    code = "unknown_method"
 
 
 class BadRequest(CallError):

@@ -10,7 +10,14 @@ from collections import Counter as Tally
 import pytest
 
 from cellactors.actors.replicator import SnapshotPolicy
-from cellactors.errors import BadResult, MethodFailed, NotDurable, RemoteOwner, UnknownCell
+from cellactors.errors import (
+    BadResult,
+    MethodFailed,
+    NotDurable,
+    RemoteOwner,
+    UnknownCell,
+    UnknownMethod,
+)
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.restore import read_seal
@@ -112,7 +119,7 @@ def test_method_error_rolls_back_and_reports(sw_bucket: S3Bucket) -> None:
         assert info.value.exc_type == "ValueError"
         with pytest.raises(BadResult):
             cell.bad_result("x")
-        with pytest.raises(UnknownCell):
+        with pytest.raises(UnknownMethod):
             cell.no_such_method()
         with pytest.raises(UnknownCell):
             node.call("Nope", "a", "get", {"name": "x"})

@@ -216,7 +216,7 @@ def test_bad_inputs_over_http_write_nothing(
         r = http.post(f"{base}/Nope/a/get", json={})
         assert r.status_code == 404 and r.json()["error"] == "unknown_cell"
         r = http.post(f"{base}/Ledger/a/nope", json={})
-        assert r.status_code == 404
+        assert r.status_code == 404 and r.json()["error"] == "unknown_method"
         r = http.post(f"{base}/Ledger/a/_private", json={})
         assert r.status_code == 404
         r = http.post(f"{base}/Ledger/a/on_activate", json={})

@@ -27,6 +27,7 @@ from cellactors.errors import (
     RemoteOwner,
     StaleRoute,
     UnknownCell,
+    UnknownMethod,
 )
 from cellactors.persistence import keys
 from cellactors.server import signing
@@ -176,7 +177,7 @@ class FakeNode:
                 raise StaleRoute(f"{self.node_id} does not own {cls_name}:{name}")
             handler = self.methods.get(method)
             if handler is None:
-                raise UnknownCell(f"{cls_name} has no method {method}")
+                raise UnknownMethod(f"{cls_name} has no method {method}")
             if key is not None and key in self.recorded:
                 first_method, first_kwargs, first_result = self.recorded[key]
                 if (first_method, first_kwargs) != (method, kwargs):
@@ -206,7 +207,7 @@ class FakeNode:
         return result
 
     def may_answer(self) -> bool:
-        return self.answering and self.status in ("serving", "draining")
+        return self.answering and self.status in ("serving", "draining", "stopped")
 
     def state(self) -> dict[str, Any]:
         return {
@@ -370,7 +371,7 @@ def test_unknown_class_is_404_without_calling_the_node(served: Served, http: htt
 def test_unknown_or_private_method_is_404(served: Served, http: httpx.Client) -> None:
     r = post(http, served.public, "/cells/Counter/a/nope", {})
     assert r.status_code == 404
-    assert r.json()["error"] == "unknown_cell"
+    assert r.json()["error"] == "unknown_method"
     r = post(http, served.public, "/cells/Counter/a/__init__", {})
     assert r.status_code == 404
     assert len(served.node.calls) == 1  # the private name never reached the node

@@ -37,6 +37,7 @@ from cellactors.errors import (
     RemoteOwner,
     StaleRoute,
     UnknownCell,
+    UnknownMethod,
 )
 from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Bucket
@@ -191,7 +192,7 @@ class Node:
         if cls is None:
             raise UnknownCell(f"no cell class {cls_name!r} is served here")
         if method not in cls.exposed_methods():
-            raise UnknownCell(f"{cls_name} has no public method {method!r}")
+            raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         cell_id = keys.make_cell_id(cls_name, name)
         kwargs = dict(kwargs or {})
         check_serializable([list(args), kwargs], "arguments")
@@ -496,8 +497,12 @@ class Node:
     # --- introspection ------------------------------------------------------------------
 
     def may_answer(self) -> bool:
-        """Whether an answer may still be sent: not fenced or stopped, and the lease deadline
-        has not passed. Checked right before a held answer leaves the node."""
+        """Whether an answer may still be sent, checked right before a held answer leaves the
+        node: never once fenced; while serving or draining, only before the lease deadline.
+        A node stopped gracefully proved its answers before it released its cells, so an
+        answer that was on its way out when the stop completed is still sent."""
+        if self.status == "stopped":
+            return self.fence_reason is None
         return self.status in ("serving", "draining") and not self.deadline.passed()
 
     def state(self) -> dict[str, Any]:

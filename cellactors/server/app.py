@@ -48,6 +48,7 @@ from cellactors.errors import (
     RemoteOwner,
     StaleRoute,
     UnknownCell,
+    UnknownMethod,
 )
 from cellactors.persistence import keys
 from cellactors.server import codec, signing
@@ -236,7 +237,7 @@ class _Core:
         if cls_name not in self.node.classes:
             raise UnknownCell(f"no served cell class {cls_name!r}")
         if method.startswith("_"):
-            raise UnknownCell(f"{cls_name} has no public method {method!r}")
+            raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         keys.make_cell_id(cls_name, name)
 
     def healthz(self, request: Request) -> Response:
