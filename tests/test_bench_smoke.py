@@ -16,7 +16,7 @@ from bench.suite import row_ids
 REPO = Path(__file__).resolve().parent.parent
 SCALE = 0.1
 
-pytestmark = pytest.mark.fleet  # it starts cellactors serve processes
+pytestmark = [pytest.mark.fleet, pytest.mark.bench]  # it starts cellactors serve processes
 
 
 def test_quick_suite_reports_every_row(tmp_path: Path) -> None:
