@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 DOCKERFILE = DEPLOY / "Dockerfile"
-KUBERNETES_VERSION = "1.30.0"  # a version whose schemas kubernetes-validate bundles
+KUBERNETES_VERSIONS = ("1.25.0", "1.30.0")  # schema versions kubernetes-validate bundles
 SAMPLE_DOWNWARD = {"POD_NAME": "cellactors-0", "POD_IP": "10.0.3.17"}
 SAMPLE_SECRET = "sample-secret-value"
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -195,29 +195,31 @@ def test_there_are_manifests() -> None:
     )
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize(
     "resource",
     [pytest.param(r, id=f"{r['kind']}/{r['metadata']['name']}") for r in all_resources()],
 )
 def test_manifest_validates_against_kubernetes_schema(
-    resource: dict[str, Any], no_network: None
+    resource: dict[str, Any], version: str, no_network: None
 ) -> None:
     """Strict validation (unknown fields are errors) with the bundled, offline schemas."""
-    checked = kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
-    assert checked == "1.30"
+    checked = kubernetes_validate.validate(resource, version, strict=True)
+    assert checked == version.rsplit(".", 1)[0]
 
 
-def test_strict_validation_rejects_a_misspelt_field(no_network: None) -> None:
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_strict_validation_rejects_a_misspelt_field(version: str, no_network: None) -> None:
     """The validator really checks: a typo in the pod spec is refused, offline."""
     broken = json.loads(json.dumps(statefulset()))
     pod = broken["spec"]["template"]["spec"]
     pod["terminationGracePeriod"] = pod.pop("terminationGracePeriodSeconds")
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(broken, version, strict=True)
     broken = json.loads(json.dumps(statefulset()))
     broken["spec"]["replicas"] = "three"
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(broken, version, strict=True)
 
 
 def test_kustomization_lists_every_manifest() -> None:
