@@ -499,3 +499,21 @@ def test_dockerfile_base_user_and_sources() -> None:
         if word == "ENV":
             for name in re.findall(r"(CELLACTORS_[A-Z_]+)=", rest):
                 assert name in serve_envvars(), f"ENV {name} is not a serve option"
+
+
+# --- the documentation -------------------------------------------------------------------------
+
+
+def test_docs_list_what_the_manifests_set() -> None:
+    """docs/kubernetes.md names every ConfigMap variable and container flag, and its links
+    point at files of the repository."""
+    doc_path = ROOT / "docs" / "kubernetes.md"
+    text = doc_path.read_text(encoding="utf-8")
+    for name in configmap("cellactors-config"):
+        assert f"`{name}`" in text, f"docs/kubernetes.md does not mention {name}"
+    for arg in serve_container()["args"]:
+        assert f"`{arg}`" in text, f"docs/kubernetes.md does not mention {arg}"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        assert not re.match(r"[a-z]+:", target), f"link outside the repository: {target}"
+        assert (doc_path.parent / target).resolve().is_relative_to(ROOT)
+        assert (doc_path.parent / target).exists(), f"broken link {target}"
