@@ -141,6 +141,7 @@ class CellDatabase:
         conn.execute("BEGIN IMMEDIATE")
         try:
             self._refusal = None
+            before = conn.total_changes
             conn.set_authorizer(self._authorize)
             try:
                 result = fn()
@@ -149,6 +150,13 @@ class CellDatabase:
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
             user_changed_schema = capture.schema_version(conn) != self.schema
+            if not user_changed_schema and conn.total_changes == before:
+                # Read-only: no row written (capture triggers and AUTOINCREMENT counters
+                # count as changes too) and no schema change: nothing to capture or ship.
+                if check is not None:
+                    check(result)
+                conn.execute("COMMIT")
+                return result, capture.TxnChanges(schema_changed=False)
             if user_changed_schema:
                 _check_reserved(conn)
             if check is not None:
