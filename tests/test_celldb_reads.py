@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +88,31 @@ def test_a_write_that_only_moves_an_autoincrement_counter_ships_it(db: CellDatab
 def test_a_schema_change_is_not_a_read(db: CellDatabase) -> None:
     _result, changes = db.run(lambda: db.conn.execute("CREATE INDEX ix ON t (v)") and None)
     assert changes.schema_changed
+
+
+def test_an_open_cell_database_holds_one_file_descriptor(tmp_path: Path) -> None:
+    """The journal and temp tables (the capture log) live in memory: a write, a read and a
+    schema change leave each cell with its database file open and nothing else."""
+
+    def open_files() -> list[str]:
+        """What this process's descriptors under ``tmp_path`` point at."""
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:
+                continue  # the descriptor listdir itself used
+            if target.startswith(str(tmp_path)) or "(deleted)" in target:
+                found.append(target)
+        return sorted(found)
+
+    before = open_files()  # e.g. temp files that other tests' connections still hold
+    cells = [CellDatabase(tmp_path / f"c{i}.db") for i in range(10)]
+    for cell in cells:
+        cell.run(lambda c=cell: c.conn.execute("CREATE TABLE t (k PRIMARY KEY, v)") and None)
+        cell.run(lambda c=cell: c.conn.execute("INSERT INTO t VALUES (1, 2)") and None)
+        cell.run(lambda c=cell: c.conn.execute("SELECT * FROM t").fetchall())
+    opened = list((Counter(open_files()) - Counter(before)).elements())
+    assert sorted(opened) == sorted(str(tmp_path / f"c{i}.db") for i in range(10))
+    for cell in cells:
+        cell.close()

@@ -1,7 +1,6 @@
 """Process limits that bound how many cells a node can keep active.
 
-Each active cell holds file descriptors (its SQLite database, WAL and shared-memory index),
-so the soft open-files limit, often 1024, caps a node long before memory does. ``serve``
+Each active cell holds a file descriptor (its SQLite database), so the soft open-files limit, often 1024, caps a node long before memory does. ``serve``
 raises the soft limit to the hard one at start-up, and ``/state`` reports what remains.
 """
 
@@ -12,8 +11,8 @@ import resource
 
 log = logging.getLogger(__name__)
 
-#: File descriptors an active cell holds (database, WAL, shared-memory index).
-FDS_PER_ACTIVE_CELL = 3
+#: File descriptors an active cell holds: its database (journal and temp tables are in memory).
+FDS_PER_ACTIVE_CELL = 1
 #: Descriptors kept for everything else: listeners, connections to the store and clients.
 RESERVED_FDS = 256
 

@@ -105,8 +105,11 @@ class CellDatabase:
         conn = sqlite3.connect(
             self.path, factory=CellConnection, isolation_level=None, check_same_thread=False
         )
-        # The bucket is the durability root; the local file is a cache of it.
-        conn.execute("PRAGMA journal_mode = WAL")
+        # The bucket is the durability root; the local file is a cache of it, reused only by
+        # the process that wrote it. So no WAL: the rollback journal and temp tables stay in
+        # memory, and an active cell holds one file descriptor.
+        conn.execute("PRAGMA journal_mode = MEMORY")
+        conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA synchronous = OFF")
         return conn
 
