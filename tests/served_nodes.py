@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from cellactors import Node, NodeSettings
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.embedded import free_port
+from cellactors.server.app import ServerSettings
 from cellactors.server.runner import Runner
 from tests.cells import Counter, Sandbox
 from tests.runtime_helpers import TTL, eventually
@@ -39,17 +40,20 @@ class ServedNode:
 
 
 @contextlib.contextmanager
-def served_node(bucket: Bucket, node_id: str) -> Iterator[ServedNode]:
+def served_node(
+    bucket: Bucket, node_id: str, settings: ServerSettings | None = None
+) -> Iterator[ServedNode]:
     """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
     then drain it (as SIGTERM would) and stop it."""
     public_port, internal_port = free_port(), free_port()
-    settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}")
-    node = Node(bucket, node_id, [Counter, Sandbox], settings).start()
+    node_settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}")
+    node = Node(bucket, node_id, [Counter, Sandbox], node_settings).start()
     runner = Runner(
         node,
         KEY,
         public=("127.0.0.1", public_port),
         internal=("127.0.0.1", internal_port),
+        settings=settings,
         fence_stream=io.StringIO(),
     )
     served = ServedNode(node, runner, public_port, internal_port)
