@@ -8,6 +8,8 @@ guards the shared state; futures are settled outside it, in txid order.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -45,6 +47,10 @@ class ReplicaChannel:
         self.gate: AckGate[Outcome] = AckGate(acked_txid)
         self._unshipped: list[Txn] = []
         self.on_commit: Any = None  # callable that wakes the replicator
+        #: Called with each transaction's commit-to-acknowledgement time, in txid order,
+        #: before the answers it releases (metrics); set before the first commit.
+        self.on_acked: Callable[[float], None] | None = None
+        self._commit_times: dict[int, float] = {}
 
     def commit(self, txn: Txn) -> None:
         with self._lock:
@@ -52,6 +58,7 @@ class ReplicaChannel:
                 raise self.gate.failed
             self.gate.commit(txn.txid)
             self._unshipped.append(txn)
+            self._commit_times[txn.txid] = time.monotonic()
         if self.on_commit is not None:
             try:
                 self.on_commit()
@@ -86,12 +93,21 @@ class ReplicaChannel:
     def ack(self, upto: int) -> None:
         with self._lock:
             ready = self.gate.ack(upto)
+            now = time.monotonic()
+            latencies = [
+                now - self._commit_times.pop(txid)
+                for txid in sorted(t for t in self._commit_times if t <= self.gate.acked)
+            ]
+        if self.on_acked is not None:
+            for latency in latencies:
+                self.on_acked(latency)
         settle(ready, Outcome.release)
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
             held = self.gate.fail(error)
             self._unshipped = []
+            self._commit_times.clear()
         for item in held:
             item.error, item.value = error, None
             item.release()

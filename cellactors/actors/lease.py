@@ -56,8 +56,10 @@ class LeaseActor(pykka.ThreadingActor):
         on_fence: Callable[[str], None],
         shared_deadline: FenceDeadline | None = None,
         max_skew_s: float | None = None,
+        on_renewed: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        self.on_renewed = on_renewed  # after each confirmed lease write (metrics)
         self.shared_deadline = shared_deadline or FenceDeadline()
         self.store = store
         self.generation = generation
@@ -180,6 +182,8 @@ class LeaseActor(pykka.ThreadingActor):
         if not self._paused.is_set():
             self.shared_deadline.value = self.deadline
         self.renewals += 1
+        if self.on_renewed is not None:
+            self.on_renewed()
 
     def _check_clock(self, sent_ms: int, received_ms: int, result: Applied, starting: bool) -> None:
         if result.server_ms is None:

@@ -1,73 +1,153 @@
-"""Node metrics in Prometheus text format, without a client library."""
+"""Node metrics with prometheus-client, one :class:`CollectorRegistry` per node.
+
+Several nodes may live in one process (the tests do this), so nothing is registered in the
+library's global registry. Events are counted where they happen (calls, activations,
+fences, lease renewals, acknowledgements); values the node already keeps (bucket requests,
+resident cells, unacknowledged transactions) are read when scraped, so the exposition can
+never drift from the node's own accounting.
+"""
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cellactors.errors import FAILED, NOT_RUN, UNKNOWN
 from cellactors.persistence.metered import MeteredBucket
 
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Histogram buckets in seconds (acknowledgement and call latency).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The ``outcome`` label of ``cellactors_calls_total``: answered, or the error's outcome class.
+OK = "ok"
+CALL_OUTCOMES = (OK, NOT_RUN, UNKNOWN, FAILED)
+#: Label value for a class or method the node does not serve (bounded label cardinality).
+UNSERVED = "_unserved_"
+#: The node statuses ``cellactors_node_status`` reports, one series each.
+STATUSES = ("starting", "serving", "draining", "fenced", "stopped")
+#: The exposition's content type (text format 0.0.4).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Counter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.value = 0
+@dataclass(frozen=True)
+class NodeSample:
+    """Gauges read from the node at scrape time."""
 
-    def inc(self, by: int = 1) -> None:
-        with self._lock:
-            self.value += by
+    node: str
+    generation: str
+    status: str
+    resident_cells: int
+    unacked_transactions: int
+    uploads_in_flight: int
 
 
-class Histogram:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts = [0] * len(_BUCKETS)
-        self.total = 0.0
-        self.n = 0
+class _NodeCollector(Collector):
+    """Collects, at scrape time, what the node and its metered bucket already count."""
 
-    def observe(self, seconds: float) -> None:
-        with self._lock:
-            self.n += 1
-            self.total += seconds
-            for i, bound in enumerate(_BUCKETS):
-                if seconds <= bound:
-                    self.counts[i] += 1
+    def __init__(self, bucket: MeteredBucket, sample: Callable[[], NodeSample]) -> None:
+        self.bucket = bucket
+        self.sample = sample
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sample()
+        info = GaugeMetricFamily(
+            "cellactors_node_info",
+            "This node's identity: always 1, labelled with node id and process generation.",
+            labels=["node", "generation"],
+        )
+        info.add_metric([s.node, s.generation], 1)
+        yield info
+        status = GaugeMetricFamily(
+            "cellactors_node_status",
+            "1 for the node's current status, 0 for the others.",
+            labels=["status"],
+        )
+        for name in STATUSES:
+            status.add_metric([name], 1 if s.status == name else 0)
+        yield status
+        yield GaugeMetricFamily(
+            "cellactors_resident_cells", "Cells active on this node.", value=s.resident_cells
+        )
+        yield GaugeMetricFamily(
+            "cellactors_unacked_transactions",
+            "Committed transactions of resident cells not yet proven durable in the bucket.",
+            value=s.unacked_transactions,
+        )
+        yield GaugeMetricFamily(
+            "cellactors_uploads_in_flight",
+            "Resident cells with transactions unshipped or unacknowledged.",
+            value=s.uploads_in_flight,
+        )
+        requests = CounterMetricFamily(
+            "cellactors_bucket_requests",
+            "Bucket requests finished, by operation, key kind and outcome "
+            "(ok, absent, rejected, ambiguous, error).",
+            labels=["op", "kind", "outcome"],
+        )
+        for (op, kind, outcome), count in sorted(self.bucket.outcomes().items()):
+            requests.add_metric([op, kind, outcome], count)
+        yield requests
 
 
 class NodeMetrics:
-    """Calls, acknowledgements with latency, and bucket requests by kind."""
+    """The metrics of one node, in a registry of its own."""
 
-    def __init__(self, bucket: MeteredBucket) -> None:
+    def __init__(self, bucket: MeteredBucket, sample: Callable[[], NodeSample]) -> None:
         self.bucket = bucket
-        self.calls = Counter()
-        self.acks = Histogram()
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls = Counter(
+            "cellactors_calls",
+            "Calls that reached this node's runtime, by class, method and outcome "
+            "(ok, not_run, unknown, failed).",
+            ["class", "method", "outcome"],
+            registry=r,
+        )
+        self.forwarded = Counter(
+            "cellactors_calls_routed_away",
+            "Calls this node found owned by a live peer (counted there, forwarded by the "
+            "public listener).",
+            ["class"],
+            registry=r,
+        )
+        self.call_duration = Histogram(
+            "cellactors_call_duration_seconds",
+            "Time from a call reaching the runtime to its answer, for calls answered ok.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ack_latency = Histogram(
+            "cellactors_ack_latency_seconds",
+            "Time from a transaction's commit to its acknowledgement (durable in the bucket).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.activations = Counter(
+            "cellactors_activations",
+            "Cell activations on this node, by class and where the state came from "
+            "(bucket or local).",
+            ["class", "source"],
+            registry=r,
+        )
+        self.fences = Counter(
+            "cellactors_fences", "Self-fences of this node process (0 or 1).", registry=r
+        )
+        self.lease_renewals = Counter(
+            "cellactors_lease_renewals",
+            "Confirmed writes of this node's lease: the first take, every renewal, and the "
+            "expiry written by a drain.",
+            registry=r,
+        )
+        r.register(_NodeCollector(bucket, sample))
 
-    def render(self, node: str, resident: int, uploads_in_flight: int) -> str:
-        lbl = f'node="{node}"'
-        lines = [
-            "# TYPE cellactors_calls_total counter",
-            f"cellactors_calls_total{{{lbl}}} {self.calls.value}",
-            "# TYPE cellactors_acks_total counter",
-            f"cellactors_acks_total{{{lbl}}} {self.acks.n}",
-            "# TYPE cellactors_ack_latency_seconds histogram",
-        ]
-        for bound, count in zip(_BUCKETS, self.acks.counts, strict=True):
-            lines.append(f'cellactors_ack_latency_seconds_bucket{{{lbl},le="{bound}"}} {count}')
-        lines += [
-            f'cellactors_ack_latency_seconds_bucket{{{lbl},le="+Inf"}} {self.acks.n}',
-            f"cellactors_ack_latency_seconds_sum{{{lbl}}} {self.acks.total:.6f}",
-            f"cellactors_ack_latency_seconds_count{{{lbl}}} {self.acks.n}",
-            "# TYPE cellactors_bucket_requests_total counter",
-        ]
-        for (op, kind), count in sorted(self.bucket.snapshot().items()):
-            lines.append(
-                f'cellactors_bucket_requests_total{{{lbl},op="{op}",kind="{kind}"}} {count}'
-            )
-        lines += [
-            "# TYPE cellactors_resident_cells gauge",
-            f"cellactors_resident_cells{{{lbl}}} {resident}",
-            "# TYPE cellactors_uploads_in_flight gauge",
-            f"cellactors_uploads_in_flight{{{lbl}}} {uploads_in_flight}",
-        ]
-        return "\n".join(lines) + "\n"
+    def call_done(self, cls_name: str, method: str, outcome: str) -> None:
+        """Count one call by its outcome (``ok`` or an error's outcome class)."""
+        self.calls.labels(cls_name, method, outcome).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this node's registry."""
+        return generate_latest(self.registry)

@@ -24,14 +24,17 @@ from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
 from cellactors.actors.messages import Invoke
-from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import acquire
 from cellactors.errors import (
+    NOT_RUN,
+    UNKNOWN,
     ActivationFailed,
     BadRequest,
     CallError,
+    InvalidCellId,
     NodeUnavailable,
     NotDurable,
     RemoteOwner,
@@ -42,7 +45,7 @@ from cellactors.errors import (
 from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.gate import GatedBucket
-from cellactors.persistence.leases import LeaseStore
+from cellactors.persistence.leases import LeaseStore, now_ms
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.ownership import OwnershipStore
 
@@ -97,7 +100,7 @@ class Node:
             self.register(cls)
         self.ownership = OwnershipStore(self.gate, self.node_id)
         self.leases = LeaseStore(self.gate, self.node_id, self.settings.lease_ttl)
-        self.metrics = NodeMetrics(self.bucket)
+        self.metrics = NodeMetrics(self.bucket, self._sample)
         self.status = "starting"
         self.fence_reason: str | None = None
         self._on_fence = on_fence
@@ -123,6 +126,7 @@ class Node:
             self.fence,
             self.deadline,
             self.settings.max_clock_skew,
+            on_renewed=self.metrics.lease_renewals.inc,
         )
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)
@@ -185,7 +189,48 @@ class Node:
         the recorded result without running again. ``result_check`` runs on the result inside
         the transaction, before commit (e.g. "encodable as JSON"); if it raises, the
         transaction is rolled back and the call fails with
-        :class:`~cellactors.errors.BadResult`."""
+        :class:`~cellactors.errors.BadResult`.
+
+        Every call is counted in the metrics by its outcome; one found owned by a live peer
+        (:class:`~cellactors.errors.RemoteOwner`) is counted as routed away instead, since
+        the owner counts it."""
+        cls = self.classes.get(cls_name)
+        cls_label = cls_name if cls is not None else UNSERVED
+        method_label = method if cls is not None and method in cls.exposed_methods() else UNSERVED
+        started = time.monotonic()
+        try:
+            result = self._call(
+                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check
+            )
+        except RemoteOwner:
+            self.metrics.forwarded.labels(cls_label).inc()
+            raise
+        except CallError as err:
+            self.metrics.call_done(cls_label, method_label, err.outcome)
+            raise
+        except InvalidCellId:
+            self.metrics.call_done(cls_label, method_label, NOT_RUN)
+            raise
+        except BaseException:
+            self.metrics.call_done(cls_label, method_label, UNKNOWN)
+            raise
+        self.metrics.call_done(cls_label, method_label, OK)
+        self.metrics.call_duration.labels(cls_label).observe(time.monotonic() - started)
+        return result
+
+    def _call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any] | None,
+        args: tuple[Any, ...],
+        forwarded: bool,
+        timeout: float | None,
+        key: str | None,
+        result_check: Callable[[Any], None] | None,
+    ) -> Any:
+        """The body of :meth:`call`."""
         if self.status == "serving" and self.deadline.passed():
             self.fence("the lease deadline passed (was this process paused?)")
         cls = self.classes.get(cls_name)
@@ -202,8 +247,6 @@ class Node:
         retention = self.settings.retention()
         budget = self.settings.call_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        self.metrics.calls.inc()
-        started = time.monotonic()
         for _ in range(3):
             active = self._activate(cell_id, cls, forwarded, max(0.1, deadline - time.monotonic()))
             invoke = Invoke(
@@ -228,7 +271,6 @@ class Node:
                 raise NotDurable(
                     f"node {self.node_id} fenced itself before the answer could be sent"
                 )
-            self.metrics.acks.observe(time.monotonic() - started)
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
 
@@ -283,6 +325,7 @@ class Node:
             lambda err: self._reset(host, err),
             self.settings.op_deadline,
             self.settings.snapshots,
+            on_acked=self.metrics.ack_latency.observe,
         )
         host.ownership = own
         proxy = own.proxy()
@@ -300,6 +343,7 @@ class Node:
                 local = self._local.pop(cell_id, None)
             prev = None if outcome.takeover else outcome.epoch - 1
             host.active = proxy.activate(outcome, local, prev).get()
+            self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             if self.status in ("fenced", "stopped"):  # a draining node releases it below
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
         except BaseException as err:
@@ -423,6 +467,7 @@ class Node:
             self.gate.close_gate(reason)
             self.status = "fenced"
             self.fence_reason = reason
+            self.metrics.fences.inc()
             hosts = list(self._hosts.values())
             self._hosts.clear()
         log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
@@ -506,23 +551,34 @@ class Node:
         return self.status in ("serving", "draining") and not self.deadline.passed()
 
     def state(self) -> dict[str, Any]:
+        """This node and its resident cells (``GET /state``): per cell its epoch, acked and
+        committed txids, ``unacked`` (their difference: answers waiting for the bucket) and
+        ``idle_s`` (seconds since its last call or transaction)."""
         lease = self.lease.proxy()
         try:
             expires = lease.expires_ms.get(timeout=1)
         except (pykka.Timeout, pykka.ActorDeadError):
             expires = 0
+        now = time.monotonic()
         with self._lock:
-            cells = [
-                {
-                    "cell": cid,
-                    "epoch": h.active.epoch,
-                    "acked_txid": h.active.runtime.channel.acked,
-                    "committed_txid": h.active.runtime.channel.committed,
-                    "restored_from": h.active.restored_from,
-                }
-                for cid, h in sorted(self._hosts.items())
-                if h.active is not None
-            ]
+            cells = []
+            for cid, h in sorted(self._hosts.items()):
+                if h.active is None:
+                    continue
+                channel = h.active.runtime.channel
+                acked = channel.acked  # first: committed read later is never below it
+                committed = channel.committed
+                cells.append(
+                    {
+                        "cell": cid,
+                        "epoch": h.active.epoch,
+                        "acked_txid": acked,
+                        "committed_txid": committed,
+                        "unacked": committed - acked,
+                        "idle_s": round(max(0.0, now - h.active.runtime.last_used), 3),
+                        "restored_from": h.active.restored_from,
+                    }
+                )
         return {
             "node": self.node_id,
             "generation": self.generation,
@@ -535,16 +591,41 @@ class Node:
             "cells": cells,
         }
 
-    def metrics_text(self) -> str:
-        return self.metrics.render(self.node_id, self.resident_cells(), self._uploads_in_flight())
+    def fleet(self) -> dict[str, Any]:
+        """Every node lease in the bucket, live or expired (``GET /fleet``): one listing of
+        ``nodes/`` and one read per lease, through this node's gate."""
+        now = now_ms()
+        nodes = [
+            {
+                "node": lease.node,
+                "addr": lease.addr,
+                "generation": lease.generation,
+                "expires_ms": lease.expires_ms,
+                "alive": lease.is_live(now),
+                "load": lease.load,
+                "self": lease.node == self.node_id,
+            }
+            for lease in self.leases.read_all()
+        ]
+        return {"node": self.node_id, "now_ms": now, "nodes": nodes}
 
-    def _uploads_in_flight(self) -> int:
+    def metrics_text(self) -> str:
+        """This node's metrics in the Prometheus text format (``GET /metrics``)."""
+        return self.metrics.render().decode("utf-8")
+
+    def _sample(self) -> NodeSample:
+        """The gauges of :class:`~cellactors.actors.metrics.NodeMetrics`, read at scrape."""
+        resident = unacked = busy = 0
         with self._lock:
-            return sum(
-                1
-                for h in self._hosts.values()
-                if h.active is not None and not h.active.runtime.channel.idle()
-            )
+            for h in self._hosts.values():
+                if h.active is None:
+                    continue
+                channel = h.active.runtime.channel
+                resident += 1
+                acked = channel.acked  # first: committed read later is never below it
+                unacked += channel.committed - acked
+                busy += 0 if channel.idle() else 1
+        return NodeSample(self.node_id, self.generation, self.status, resident, unacked, busy)
 
 
 __all__ = ["CellProxy", "Node", "NodeSettings"]

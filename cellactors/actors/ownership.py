@@ -88,8 +88,10 @@ class OwnershipActor(pykka.ThreadingActor):
         report_failure: Callable[[BaseException], None],
         deadline_s: float,
         snapshots: SnapshotPolicy,
+        on_acked: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
+        self.on_acked = on_acked  # each transaction's commit-to-ack time (metrics)
         self.cell_id = cell_id
         self.cls = cls
         self.bucket = bucket
@@ -179,6 +181,7 @@ class OwnershipActor(pykka.ThreadingActor):
         if database is None:
             database, last_txid, chain = self._restore_from_bucket(path, epoch)
         channel = ReplicaChannel(last_txid)
+        channel.on_acked = self.on_acked
         runtime = CellRuntime(
             cell_id=self.cell_id,
             name=self.cell_id.split(":", 1)[1],

@@ -78,6 +78,31 @@ class LeaseStore:
             raise ValueError(f"lease for {lease.node!r} written by node {self.node!r}")
         return self.bucket.put_cas(keys.lease_key(self.node), encode_lease(lease), guard)
 
+    def read_all(self) -> list[NodeLease]:
+        """Every node lease under ``nodes/``, this node's included, live or expired, by node
+        id (the fleet page). Keys that name no valid node and leases that do not decode are
+        skipped; store failures propagate."""
+        leases: list[NodeLease] = []
+        for info in self.bucket.list(keys.NODES_PREFIX):
+            if not info.key.endswith(".json"):
+                continue
+            node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
+            try:
+                key = keys.lease_key(node_id)
+            except InvalidCellId:
+                continue
+            obj = self.bucket.get(key)
+            if obj is None:
+                continue  # deleted between the listing and the read
+            try:
+                lease = _decode_lease(key, obj.body)
+            except BucketError as err:
+                log.warning("skipping unreadable lease %s: %s", key, err)
+                continue
+            if lease.node == node_id:
+                leases.append(lease)
+        return sorted(leases, key=lambda lease: lease.node)
+
     def read_capacity_peers(self, at_ms: int | None = None) -> list[NodeLease]:
         """Live peers speaking our peer protocol, self excluded.
 

@@ -3,8 +3,9 @@
 *Public* (``POST /cells/{cls}/{name}/{method}``, ``GET /healthz``) takes calls from clients
 and forwards them, signed, to the owning node when the runtime says another live node owns
 the cell. *Internal* (``POST /internal/cells/...``, ``GET /state``, ``GET /metrics``,
-``GET /healthz``) takes signed forwarded calls from peers plus operator endpoints; it must
-listen on a private address. The public app has no internal route at all.
+``GET /fleet``, ``GET /healthz``, and the fleet page at ``GET /``) takes signed forwarded
+calls from peers plus operator endpoints; it must listen on a private address. The public
+app has no internal route at all.
 
 Calls into the node block (the answer waits for durability), so they run in worker threads
 under a capacity limiter: a slow cell never blocks the event loop or health checks.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -41,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,
+    BucketError,
     CallError,
     InvalidCellId,
     NodeUnavailable,
@@ -51,7 +54,7 @@ from cellactors.errors import (
     UnknownMethod,
 )
 from cellactors.persistence import keys
-from cellactors.server import codec, signing
+from cellactors.server import codec, fleet_page, signing
 
 log = logging.getLogger("cellactors.server")
 
@@ -91,6 +94,8 @@ class NodeLike(Protocol):
 
     def metrics_text(self) -> str: ...
 
+    def fleet(self) -> dict[str, Any]: ...
+
     def drain(self) -> None: ...
 
     def forget_route(self, cls_name: str, name: str) -> None: ...
@@ -113,6 +118,7 @@ class ServerSettings:
     graceful_timeout: float = 60.0  # after drain, how long in-flight requests may take
     fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often
+    fleet_cache_seconds: float = 1.0  # /fleet reads the bucket at most this often
 
 
 class PeerRefused(CallError):
@@ -534,6 +540,8 @@ class _InternalCore(_Core):
     def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
         super().__init__(node, fleet_key, settings)
         self.nonces = signing.NonceCache(settings.signature_window, settings.nonce_cache_size)
+        self._fleet: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer)
+        self._fleet_lock = anyio.Lock()
 
     async def handle_call(self, request: Request) -> Response:
         cls_name = request.path_params["cls_name"]
@@ -606,6 +614,27 @@ class _InternalCore(_Core):
         text = await anyio.to_thread.run_sync(self.node.metrics_text)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def fleet(self, request: Request) -> Response:
+        """Every node lease in the bucket (``Node.fleet``), read at most once per
+        ``fleet_cache_seconds`` however many pages poll; 503 when the bucket fails."""
+        headers = {NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"}
+        async with self._fleet_lock:
+            cached = self._fleet
+            if cached is None or time.monotonic() - cached[0] >= self.settings.fleet_cache_seconds:
+                try:
+                    answer = await anyio.to_thread.run_sync(self.node.fleet)
+                except BucketError as e:
+                    self._fleet = None
+                    body = {
+                        "error": "bucket_unavailable",
+                        "message": f"could not read the node leases: {e}",
+                        "outcome": NOT_RUN,
+                        "retryable": True,
+                    }
+                    return JSONResponse(body, status_code=503, headers=headers)
+                cached = self._fleet = (time.monotonic(), answer)
+        return JSONResponse(cached[1], headers=headers)
+
 
 def build_public_app(
     node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
@@ -637,13 +666,16 @@ def build_public_app(
 def build_internal_app(
     node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
 ) -> Starlette:
-    """The peer/operator app: signed forwarded calls, state, metrics, health check."""
+    """The peer/operator app: signed forwarded calls, state, metrics, fleet, health check,
+    and the fleet page."""
     core = _InternalCore(node, fleet_key, settings or ServerSettings())
     routes = [
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/state", core.state, methods=["GET"]),
         Route("/metrics", core.metrics, methods=["GET"]),
+        Route("/fleet", core.fleet, methods=["GET"]),
         Route("/healthz", core.healthz, methods=["GET"]),
+        *fleet_page.routes(),
     ]
     app = Starlette(
         routes=routes,

@@ -1,0 +1,1 @@
+"""Browser tests: the fleet page in headless chromium (tox -e browser)."""

@@ -1,0 +1,74 @@
+"""Real in-process nodes served by the real runner on loopback, for the metrics, fleet and
+browser tests: each node advertises its internal listener, so peers forward to it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cellactors import Node, NodeSettings
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.embedded import free_port
+from cellactors.server.app import ServerSettings
+from cellactors.server.runner import Runner
+from tests.cells import Counter, Sandbox
+from tests.runtime_helpers import TTL, eventually
+
+KEY = bytes(range(32))
+
+
+@dataclass
+class ServedNode:
+    """One node and the runner serving it."""
+
+    node: Node
+    runner: Runner
+    public_port: int
+    internal_port: int
+    exit_code: int | None = None
+
+    @property
+    def public(self) -> str:
+        return f"http://127.0.0.1:{self.public_port}"
+
+    @property
+    def internal(self) -> str:
+        return f"http://127.0.0.1:{self.internal_port}"
+
+
+@contextlib.contextmanager
+def served_node(
+    bucket: Bucket, node_id: str, settings: ServerSettings | None = None
+) -> Iterator[ServedNode]:
+    """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
+    then drain it (as SIGTERM would) and stop it."""
+    public_port, internal_port = free_port(), free_port()
+    node_settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}")
+    node = Node(bucket, node_id, [Counter, Sandbox], node_settings).start()
+    runner = Runner(
+        node,
+        KEY,
+        public=("127.0.0.1", public_port),
+        internal=("127.0.0.1", internal_port),
+        settings=settings,
+        fence_stream=io.StringIO(),
+    )
+    served = ServedNode(node, runner, public_port, internal_port)
+
+    def main() -> None:
+        served.exit_code = runner.run(install_signals=False)
+
+    thread = threading.Thread(target=main, name=f"runner-{node_id}", daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: runner.ready.is_set() or served.exit_code is not None, timeout=15)
+        assert runner.ready.is_set(), f"runner of {node_id} exited with {served.exit_code}"
+        yield served
+    finally:
+        runner.request_stop()
+        thread.join(30)
+        node.stop()
+        assert not thread.is_alive(), f"runner of {node_id} did not stop"
