@@ -1,6 +1,7 @@
 """Process limits that bound how many cells a node can keep active.
 
-Each active cell holds a file descriptor (its SQLite database), so the soft open-files limit, often 1024, caps a node long before memory does. ``serve``
+Each active cell holds a file descriptor (its SQLite database; a hibernated cell holds none),
+so the soft open-files limit, often 1024, caps a node long before memory does. ``serve``
 raises the soft limit to the hard one at start-up, and ``/state`` reports what remains.
 """
 

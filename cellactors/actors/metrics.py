@@ -42,6 +42,7 @@ class NodeSample:
     resident_cells: int
     unacked_transactions: int
     uploads_in_flight: int
+    hibernated_cells: int = 0
 
 
 class _NodeCollector(Collector):
@@ -70,6 +71,11 @@ class _NodeCollector(Collector):
         yield status
         yield GaugeMetricFamily(
             "cellactors_resident_cells", "Cells active on this node.", value=s.resident_cells
+        )
+        yield GaugeMetricFamily(
+            "cellactors_hibernated_cells",
+            "Cells this node owns with nothing running (resumed with no bucket request).",
+            value=s.hibernated_cells,
         )
         yield GaugeMetricFamily(
             "cellactors_unacked_transactions",

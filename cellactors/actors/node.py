@@ -32,7 +32,9 @@ from cellactors.errors import (
     NOT_RUN,
     UNKNOWN,
     ActivationFailed,
+    AmbiguousWrite,
     BadRequest,
+    BucketError,
     CallError,
     InvalidCellId,
     NodeUnavailable,
@@ -43,7 +45,8 @@ from cellactors.errors import (
     UnknownMethod,
 )
 from cellactors.persistence import calls, keys
-from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.bucket import Applied, Bucket
+from cellactors.persistence.celldb import remove_db_files
 from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.leases import LeaseStore, now_ms
 from cellactors.persistence.metered import MeteredBucket
@@ -59,7 +62,13 @@ class NodeSettings:
     lease_ttl: float = 10.0
     op_deadline: float = 15.0
     call_timeout: float = 30.0
+    #: Idle seconds before a cell is released (passivated): ownership given up, its file kept
+    #: only as a local copy that a later activation of this process may reuse.
     idle_timeout: float = 300.0
+    #: Idle seconds before a resident cell hibernates: it keeps its ownership and its file but
+    #: holds no thread, connection or file descriptor, and wakes with no bucket request.
+    #: Hibernation is off when this is not below ``idle_timeout``.
+    hibernate_timeout: float = 30.0
     max_resident_cells: int = 10_000
     max_clock_skew: float | None = None  # seconds; None: TTL/4
     advertise: str = ""
@@ -76,6 +85,15 @@ class NodeSettings:
     def retention(self) -> calls.Retention:
         """The idempotency-key retention these settings describe."""
         return calls.Retention(self.idempotency_window_s, self.idempotency_max_keys)
+
+
+@dataclass(frozen=True)
+class Dormant:
+    """A hibernated cell: ``own.json`` still names this node at ``copy.epoch`` and
+    ``copy.path`` is the file it closed; ``last_used`` is when it was last called."""
+
+    copy: LocalCopy
+    last_used: float
 
 
 class Node:
@@ -108,6 +126,7 @@ class Node:
         self._hosts: dict[str, CellHost] = {}
         self._closing: dict[str, threading.Event] = {}
         self._local: dict[str, LocalCopy] = {}
+        self._dormant: dict[str, Dormant] = {}  # hibernated: still owned, nothing running
         self._routes: dict[str, tuple[acquire.Remote, float]] = {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if self.settings.data_dir is None:
@@ -156,11 +175,16 @@ class Node:
         self.classes[cls.__name__] = cls
 
     def _load(self) -> dict[str, Any]:
-        return {"resident_cells": self.resident_cells()}
+        return {"resident_cells": self.resident_cells(), "hibernated_cells": len(self._dormant)}
 
     def resident_cells(self) -> int:
+        """Active cells (a thread, a connection and a file each); hibernated ones not counted."""
         with self._lock:
             return sum(1 for h in self._hosts.values() if h.active is not None)
+
+    def hibernated_cells(self) -> int:
+        with self._lock:
+            return len(self._dormant)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -330,19 +354,22 @@ class Node:
         host.ownership = own
         proxy = own.proxy()
         try:
-            outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
-            if isinstance(outcome, acquire.Remote):
+            host.active = self._wake(proxy, cell_id)
+            if host.active is None:
+                outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
+                if isinstance(outcome, acquire.Remote):
+                    with self._lock:
+                        expiry = time.monotonic() + self.settings.lease_ttl
+                        self._routes[cell_id] = (outcome, expiry)
+                    raise (
+                        StaleRoute(f"{cell_id} is owned by {outcome.node}")
+                        if forwarded
+                        else RemoteOwner(outcome.node, outcome.addr, outcome.generation)
+                    )
                 with self._lock:
-                    self._routes[cell_id] = (outcome, time.monotonic() + self.settings.lease_ttl)
-                raise (
-                    StaleRoute(f"{cell_id} is owned by {outcome.node}")
-                    if forwarded
-                    else RemoteOwner(outcome.node, outcome.addr, outcome.generation)
-                )
-            with self._lock:
-                local = self._local.pop(cell_id, None)
-            prev = None if outcome.takeover else outcome.epoch - 1
-            host.active = proxy.activate(outcome, local, prev).get()
+                    local = self._local.pop(cell_id, None)
+                prev = None if outcome.takeover else outcome.epoch - 1
+                host.active = proxy.activate(outcome, local, prev).get()
             self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             if self.status in ("fenced", "stopped"):  # a draining node releases it below
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
@@ -369,6 +396,23 @@ class Node:
                 self._routes.pop(cell_id, None)
         finally:
             host.ready.set()
+
+    def _wake(self, proxy: Any, cell_id: str) -> Active | None:
+        """Resume ``cell_id`` if it hibernates here (no bucket request). None when it does not,
+        or when its file cannot be resumed: then the copy is offered to the ordinary acquire
+        path (which claims the next epoch and reuses the file if it is intact)."""
+        with self._lock:
+            dormant = self._dormant.pop(cell_id, None)
+        if dormant is None:
+            return None
+        try:
+            active: Active = proxy.resume(dormant.copy).get()
+        except ActivationFailed as err:
+            log.info("hibernated %s not resumed: %s", cell_id, err)
+            with self._lock:
+                self._local[cell_id] = dormant.copy
+            return None
+        return active
 
     def _place(self) -> acquire.Remote | None:
         """Placement of an unowned cell: here while there is room, else the least-loaded
@@ -412,6 +456,14 @@ class Node:
 
     def passivate(self, cell_id: str) -> bool:
         """Release one idle cell, keeping its local copy for a quick reactivation."""
+        return self._put_away(cell_id, hibernate=False)
+
+    def hibernate(self, cell_id: str) -> bool:
+        """Stop one idle cell's threads and close its file, keeping its ownership: the next
+        call resumes it at the same epoch with no bucket request."""
+        return self._put_away(cell_id, hibernate=True)
+
+    def _put_away(self, cell_id: str, hibernate: bool) -> bool:
         with self._lock:
             host = self._hosts.get(cell_id)
             if host is None or host.active is None:
@@ -419,23 +471,30 @@ class Node:
             del self._hosts[cell_id]
             done = self._closing[cell_id] = threading.Event()
         try:
-            local = self._release(host)
+            last_used = host.active.runtime.last_used
+            local = self._release(host, keep_ownership=hibernate)
             if local is not None:
                 with self._lock:
-                    self._local[cell_id] = local
+                    if not hibernate:
+                        self._local[cell_id] = local
+                    elif self.status in ("serving", "draining"):
+                        self._dormant[cell_id] = Dormant(local, last_used)
             return True
         finally:
-            done.set()
-            with self._lock:
-                if self._closing.get(cell_id) is done:
-                    del self._closing[cell_id]
+            self._closed(cell_id, done)
 
-    def _release(self, host: CellHost) -> LocalCopy | None:
+    def _closed(self, cell_id: str, done: threading.Event) -> None:
+        done.set()
+        with self._lock:
+            if self._closing.get(cell_id) is done:
+                del self._closing[cell_id]
+
+    def _release(self, host: CellHost, keep_ownership: bool = False) -> LocalCopy | None:
         assert host.ownership is not None
         try:
             local: LocalCopy | None = (
                 host.ownership.proxy()
-                .release(self.settings.op_deadline)
+                .release(self.settings.op_deadline, keep_ownership)
                 .get(timeout=self.settings.op_deadline * 3)
             )
         except pykka.Timeout:
@@ -443,20 +502,59 @@ class Node:
         host.ownership.stop(block=False)
         return local
 
+    def _release_dormant(self, cell_id: str) -> None:
+        """Give up a hibernated cell's ownership; its file stays as a reusable local copy."""
+        with self._lock:
+            dormant = self._dormant.pop(cell_id, None)
+            if dormant is None:
+                return
+            done = self._closing[cell_id] = threading.Event()
+        copy = dormant.copy
+        try:
+            released = self.ownership.release_owner(cell_id, copy.epoch)
+        except (BucketError, AmbiguousWrite) as err:
+            log.warning("release of hibernated %s failed: %s", cell_id, err)
+            released = None
+        try:
+            with self._lock:
+                if isinstance(released, Applied) and self.status == "serving":
+                    self._local[cell_id] = copy
+                else:
+                    remove_db_files(copy.path)
+        finally:
+            self._closed(cell_id, done)
+
     def _reap(self) -> None:
-        while not self._reaper_stop.wait(min(1.0, self.settings.idle_timeout / 4)):
+        """Hibernate cells idle past ``hibernate_timeout``; release those idle past
+        ``idle_timeout``, resident or hibernated."""
+        release_after = self.settings.idle_timeout
+        hibernate_after = self.settings.hibernate_timeout
+        hibernating = hibernate_after < release_after
+        interval = min(1.0, (hibernate_after if hibernating else release_after) / 4)
+        while not self._reaper_stop.wait(interval):
             now = time.monotonic()
             with self._lock:
                 idle = [
-                    cid
+                    (cid, now - h.active.runtime.last_used)
                     for cid, h in self._hosts.items()
                     if h.active is not None
-                    and now - h.active.runtime.last_used > self.settings.idle_timeout
+                    and now - h.active.runtime.last_used > min(hibernate_after, release_after)
                     and h.active.runtime.channel.idle()
                 ]
-            for cid in idle:
-                if self.status == "serving":
+                expired = [
+                    cid for cid, d in self._dormant.items() if now - d.last_used > release_after
+                ]
+            for cid, idle_for in idle:
+                if self.status != "serving":
+                    return
+                if idle_for > release_after:
                     self.passivate(cid)
+                elif hibernating:
+                    self.hibernate(cid)
+            for cid in expired:
+                if self.status != "serving":
+                    return
+                self._release_dormant(cid)
 
     def fence(self, reason: str) -> None:
         """Self-fence: stop every cell, fail held calls, acknowledge and write nothing more."""
@@ -470,6 +568,7 @@ class Node:
             self.metrics.fences.inc()
             hosts = list(self._hosts.values())
             self._hosts.clear()
+            self._dormant.clear()  # their files are never reused: nothing vouches for them now
         log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
         try:
             self.lease.proxy().pause()  # a fenced node writes nothing more, not even its lease
@@ -512,6 +611,22 @@ class Node:
             if not hosts:
                 break
             threads = [threading.Thread(target=self._release, args=(h,)) for h in hosts]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        # Cells being hibernated or released right now settle first, then the hibernated
+        # ones are released too, so that peers restore them without waiting for a takeover.
+        with self._lock:
+            closing = list(self._closing.values())
+        for event in closing:
+            event.wait(self.settings.op_deadline)
+        while True:
+            with self._lock:
+                dormant = list(self._dormant)[:16]
+            if not dormant:
+                break
+            threads = [threading.Thread(target=self._release_dormant, args=(c,)) for c in dormant]
             for t in threads:
                 t.start()
             for t in threads:
@@ -589,6 +704,7 @@ class Node:
                 "max_active_cells_by_open_files": limits.max_active_cells(),
             },
             "cells": cells,
+            "hibernated_cells": self.hibernated_cells(),
         }
 
     def fleet(self) -> dict[str, Any]:
@@ -625,7 +741,10 @@ class Node:
                 acked = channel.acked  # first: committed read later is never below it
                 unacked += channel.committed - acked
                 busy += 0 if channel.idle() else 1
-        return NodeSample(self.node_id, self.generation, self.status, resident, unacked, busy)
+            hibernated = len(self._dormant)
+        return NodeSample(
+            self.node_id, self.generation, self.status, resident, unacked, busy, hibernated
+        )
 
 
 __all__ = ["CellProxy", "Node", "NodeSettings"]

@@ -69,7 +69,7 @@ class Active:
     replicator: pykka.ActorRef[Any]
     runtime: CellRuntime
     snapshots: SnapshotWorker
-    restored_from: str  # "bucket" or "local"
+    restored_from: str  # "bucket", "local" (a released copy reused) or "hibernated"
 
 
 class OwnershipActor(pykka.ThreadingActor):
@@ -180,6 +180,25 @@ class OwnershipActor(pykka.ThreadingActor):
             remove_db_files(local.path)
         if database is None:
             database, last_txid, chain = self._restore_from_bucket(path, epoch)
+        return self._open(epoch, database, last_txid, chain, source)
+
+    def resume(self, dormant: LocalCopy) -> Active:
+        """Wake a hibernated cell: this node still owns it at ``dormant.epoch`` and the file
+        is the one it closed, so it opens without a bucket request."""
+        if file_identity(dormant.path) != dormant.identity:
+            raise ActivationFailed(f"the hibernated file of {self.cell_id} changed")
+        database = CellDatabase(dormant.path)
+        return self._open(dormant.epoch, database, dormant.last_txid, dormant.chain, "hibernated")
+
+    def _open(
+        self,
+        epoch: int,
+        database: CellDatabase,
+        last_txid: int,
+        chain: ChainState,
+        source: str,
+    ) -> Active:
+        """Start the replicator and the cell on an open database and open its mailbox."""
         channel = ReplicaChannel(last_txid)
         channel.on_acked = self.on_acked
         runtime = CellRuntime(
@@ -243,9 +262,13 @@ class OwnershipActor(pykka.ThreadingActor):
 
     # --- release ----------------------------------------------------------------------
 
-    def release(self, timeout: float) -> LocalCopy | None:
+    def release(self, timeout: float, keep_ownership: bool = False) -> LocalCopy | None:
         """Stop the cell after its queued calls, ship and acknowledge everything, then release
-        ownership. Returns the reusable local copy, or None when anything was not clean."""
+        ownership. Returns the reusable local copy, or None when anything was not clean.
+
+        ``keep_ownership`` hibernates instead: the same quiescing, but ``own.json`` keeps
+        naming this node, so :meth:`resume` can reopen the returned copy at the same epoch
+        with no bucket request."""
         active = self.active
         if active is None:
             return None
@@ -276,13 +299,14 @@ class OwnershipActor(pykka.ThreadingActor):
         if not active.snapshots.finish(timeout):
             active.runtime.database.discard()
             return None
-        try:
-            released = self.ownership.release_owner(self.cell_id, active.epoch)
-        except (BucketError, AmbiguousWrite) as err:
-            log.warning("release of %s failed: %s", self.cell_id, err)
-            clean = False
-        else:
-            clean = clean and isinstance(released, Applied)
+        if not keep_ownership:
+            try:
+                released = self.ownership.release_owner(self.cell_id, active.epoch)
+            except (BucketError, AmbiguousWrite) as err:
+                log.warning("release of %s failed: %s", self.cell_id, err)
+                clean = False
+            else:
+                clean = clean and isinstance(released, Applied)
         database = active.runtime.database
         database.close()
         identity = file_identity(database.path)

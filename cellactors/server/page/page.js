@@ -202,7 +202,8 @@
       const name = document.createElement("td");
       name.append(n.self || !n.alive || !n.addr ? document.createTextNode(n.node) : pageLink(n));
       if (n.self) name.append(document.createTextNode(" (this node)"));
-      const load = n.load && n.load.resident_cells !== undefined ? n.load.resident_cells : "";
+      let load = n.load && n.load.resident_cells !== undefined ? String(n.load.resident_cells) : "";
+      if (load && n.load.hibernated_cells) load += " (+" + n.load.hibernated_cells + " hibernated)";
       const left = n.expires_ms - fleet.now_ms;
       let expires;
       if (n.expires_ms === 0) expires = "released";
