@@ -63,10 +63,12 @@ def _register() -> None:
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
+    from cellactors.cli import status as _status
 
     main.add_command(_qualify.qualify)
     main.add_command(_serve.serve)
     main.add_command(_restore.restore)
+    main.add_command(_status.status)
 
 
 _register()
