@@ -60,6 +60,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from cellactors.cli import dev as _dev
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
@@ -69,6 +70,7 @@ def _register() -> None:
     main.add_command(_serve.serve)
     main.add_command(_restore.restore)
     main.add_command(_status.status)
+    main.add_command(_dev.dev)
 
 
 _register()
