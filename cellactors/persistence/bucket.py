@@ -56,9 +56,10 @@ class ObjectInfo:
 
 
 def folder_cursor(prefix: str, name: str) -> str:
-    """The smallest key after every key in folder ``prefix + name + "/"`` ('0' follows '/'),
-    where a listing resumes after that folder."""
-    return f"{prefix}{name}0"
+    """Where a listing resumes after folder ``prefix + name + "/"``: a key above every key
+    in it. Stores that order folders by byte (S3, GCS) and by name (SeaweedFS) both resume
+    right after that folder."""
+    return f"{prefix}{name}/\uffff"
 
 
 def join_prefix(prefix: str, key: str) -> str:
