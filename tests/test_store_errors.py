@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cellactors.errors import AmbiguousWrite, StoreCredentialsError, StoreUnreachable
-from cellactors.persistence.bucket import Absent
+from cellactors.persistence.bucket import Absent, Bucket
 from cellactors.persistence.embedded import SeaweedServer, free_port
 from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.s3 import S3Bucket
@@ -96,7 +96,7 @@ def test_gcs_without_application_default_credentials(
 # --------------------------------------------------------------------------- list_folders
 
 
-def _fill(bucket: S3Bucket | MemoryBucket, cells: list[str]) -> None:
+def _fill(bucket: Bucket, cells: list[str]) -> None:
     for cell in cells:
         bucket.put(f"cells/{cell}/own.json", b"{}")
         bucket.put(f"cells/{cell}/e1/0000000000000001-0000000000000001.batch", b"x")
@@ -106,9 +106,11 @@ def _fill(bucket: S3Bucket | MemoryBucket, cells: list[str]) -> None:
 CELLS = ["A:b", "A:b.x", "A:b0", "A:c", "B:a"]
 
 
-@pytest.mark.parametrize("dialect", ["s3", "memory"])
-def test_list_folders_pages_with_a_cursor(sw_bucket: S3Bucket, dialect: str) -> None:
-    bucket: S3Bucket | MemoryBucket = sw_bucket if dialect == "s3" else MemoryBucket()
+@pytest.mark.parametrize("dialect", ["s3", "gcs", "memory"])
+def test_list_folders_pages_with_a_cursor(request: pytest.FixtureRequest, dialect: str) -> None:
+    bucket: Bucket = MemoryBucket()
+    if dialect != "memory":
+        bucket = request.getfixturevalue("sw_bucket" if dialect == "s3" else "gcs_bucket")
     _fill(bucket, CELLS)
     everything = list(bucket.list_folders("cells/"))
     assert sorted(everything) == sorted(CELLS)  # each once, in the store's own order
