@@ -19,6 +19,16 @@ class BucketError(CellactorsError):
     """The object store answered with a definite failure (the operation did not happen)."""
 
 
+class StoreCredentialsError(BucketError):
+    """The store cannot be used with the credentials at hand: none were found, or the store
+    rejected them (unknown key, bad signature, expired token, access denied)."""
+
+
+class StoreUnreachable(BucketError):
+    """No connection to the store could be made (refused, connect timeout, unknown host):
+    the request never reached the store, so nothing happened."""
+
+
 class AmbiguousWrite(BucketError):
     """A conditional write may or may not have committed (timeout, reset, 5xx).
 

@@ -1,24 +1,76 @@
-"""The ``cellactors`` command: a click group; each subcommand lives in its own module."""
+"""The ``cellactors`` command: a click group; each subcommand lives in its own module.
+
+Every failure ends with one ``error: ...`` line on stderr and an exit code from
+:mod:`cellactors.cli.failures` (usage errors included); ``-h`` and ``--help`` both work.
+"""
 
 from __future__ import annotations
 
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
 import click
 
+from cellactors.cli.failures import EXIT_FAILURE, EXIT_INTERRUPTED, CommandFailed
 
-@click.group()
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+
+class _Group(click.Group):
+    """A group that ends every failure with a single ``error:`` line."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, False, **extra)
+        except CommandFailed as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(err.code)
+        except click.exceptions.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException as err:
+            ctx = getattr(err, "ctx", None)
+            if ctx is not None:
+                click.echo(ctx.get_usage(), err=True)
+                click.echo(f"Try '{ctx.command_path} -h' for help.", err=True)
+            click.echo(f"error: {err.format_message()}", err=True)
+            sys.exit(err.exit_code)
+        except Exception as err:
+            traceback.print_exc()
+            click.echo(f"error: unexpected failure: {type(err).__name__}: {err}", err=True)
+            sys.exit(EXIT_FAILURE)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="cellactors")
 def main() -> None:
     """Durable single-instance actors fenced and replicated through an object store."""
 
 
 def _register() -> None:
+    from cellactors.cli import dev as _dev
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
+    from cellactors.cli import status as _status
 
     main.add_command(_qualify.qualify)
     main.add_command(_serve.serve)
     main.add_command(_restore.restore)
+    main.add_command(_status.status)
+    main.add_command(_dev.dev)
 
 
 _register()

@@ -2,7 +2,8 @@
 
 Runs the sequential contract (both dialects) and, for ``s3://`` buckets, the concurrency
 hammer; exits 0 when the store qualifies, 1 when it broke the contract, 2 when the run
-could not complete. The logic lives in :mod:`cellactors.persistence.qualify`.
+could not complete, 4 or 5 when the store could not be asked at all (no usable credentials,
+unreachable endpoint). The logic lives in :mod:`cellactors.persistence.qualify`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import sys
 
 import click
 
-from cellactors.errors import ConfigError
+from cellactors.cli.failures import store_failure
+from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.errors import StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.factory import StoreOptions, open_bucket
 from cellactors.persistence.qualify import (
-    EXIT_INCOMPLETE,
     HammerReport,
     RoundResult,
     new_run_id,
@@ -24,49 +25,10 @@ from cellactors.persistence.qualify import (
     run_hammer,
     verdict,
 )
-from cellactors.persistence.spec import parse_bucket_spec
-
-
-def _open(
-    spec: str,
-    endpoint: str | None,
-    region: str | None,
-    access_key_id: str | None,
-    secret_access_key: str | None,
-) -> tuple[Bucket, bool]:
-    """Open the bucket; return it and whether it speaks the GCS dialect."""
-    parsed = parse_bucket_spec(spec)
-    options = StoreOptions(
-        endpoint=endpoint,
-        region=region,
-        access_key=access_key_id,
-        secret_key=secret_access_key,
-    )
-    return open_bucket(parsed, options), parsed.is_gcs
 
 
 @click.command("qualify")
-@click.option(
-    "--bucket",
-    "bucket_spec",
-    required=True,
-    metavar="SPEC",
-    help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]",
-)
-@click.option("--endpoint", default=None, metavar="URL", help="S3 endpoint (s3:// only).")
-@click.option("--region", default=None, help="S3 region (ignored for gs://).")
-@click.option(
-    "--access-key-id",
-    default=None,
-    envvar="CELLACTORS_S3_ACCESS_KEY_ID",
-    help="S3 static access key id (s3:// only).",
-)
-@click.option(
-    "--secret-access-key",
-    default=None,
-    envvar="CELLACTORS_S3_SECRET_ACCESS_KEY",
-    help="S3 static secret key (s3:// only).",
-)
+@store_options()
 @click.option(
     "--writers",
     default=8,
@@ -81,34 +43,23 @@ def _open(
     type=click.IntRange(min=1),
     help="Rounds in each hammer phase (create, update).",
 )
-def qualify(
-    bucket_spec: str,
-    endpoint: str | None,
-    region: str | None,
-    access_key_id: str | None,
-    secret_access_key: str | None,
-    writers: int,
-    rounds: int,
-) -> None:
-    """Qualify a store: exit 0 qualified, 1 contract broken, 2 run could not complete.
+def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
+    """Qualify a store: exit 0 qualified, 1 contract broken, 2 run could not complete,
+    4 no usable credentials, 5 store unreachable.
 
     Runs the sequential conditional-write contract, then (s3:// only) a concurrency hammer
     in which WRITERS threads race one conditional PUT per round; every round must have
     exactly one winner. Probe objects live under probe/<run id>/ and are deleted afterwards.
     """
-    try:
-        bucket, is_gcs = _open(bucket_spec, endpoint, region, access_key_id, secret_access_key)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_INCOMPLETE)
-    except Exception as exc:  # e.g. a missing dialect dependency or unusable credentials
-        click.echo(f"error: cannot open {bucket_spec}: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_INCOMPLETE)
-
+    bucket = store.open()
+    is_gcs = bucket.spec.startswith("gs://")
     run_id = new_run_id()
     click.echo(f"qualifying {bucket.spec} (probe keys under {probe_root(run_id)})")
     try:
         contract = run_contract(bucket, run_id)
+        if isinstance(contract.cause, StoreCredentialsError | StoreUnreachable):
+            # Not the store's answer to the contract: it could not be asked at all.
+            raise store_failure(contract.cause, store.bucket)
         click.echo(f"sequential contract: {contract.summary()}")
         hammer: HammerReport | None = None
         if is_gcs:

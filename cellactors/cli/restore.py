@@ -7,22 +7,21 @@ and may include writes of the current owner that were uploaded but not yet ackno
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from cellactors.errors import CellactorsError
+from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
+from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.errors import BucketError, CellactorsError
 from cellactors.persistence import keys
 from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.factory import StoreOptions, open_bucket
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.restore import restore as restore_cell
 
 
 @click.command("restore")
-@click.option("--bucket", "bucket_spec", required=True, metavar="SPEC", envvar="CELLACTORS_BUCKET")
-@click.option("--endpoint", default=None, metavar="URL", envvar="CELLACTORS_ENDPOINT")
+@store_options()
 @click.option("--cell", "cell_id", required=True, metavar="CLASS:NAME", help="e.g. Counter:a")
 @click.option(
     "--output",
@@ -30,26 +29,31 @@ from cellactors.persistence.restore import restore as restore_cell
     type=click.Path(dir_okay=False, path_type=Path),
     help="SQLite file to write (must not exist).",
 )
-def restore(bucket_spec: str, endpoint: str | None, cell_id: str, output: Path) -> None:
+def restore(store: StoreArgs, cell_id: str, output: Path) -> None:
     """Write the cell's database, as the bucket holds it, to OUTPUT."""
     try:
         keys.validate_cell_id(cell_id)
-        if output.exists():
-            raise click.UsageError(f"{output} exists; choose a new file")
-        bucket = open_bucket(bucket_spec, StoreOptions(endpoint=endpoint))
+    except CellactorsError as err:
+        raise CommandFailed(str(err)) from err
+    if output.exists():
+        raise click.UsageError(f"{output} exists; choose a new file")
+    bucket = store.open()
+    try:
         record = OwnershipStore(bucket, "restore").read_owner(cell_id)
         if record is None:
-            click.echo(f"error: no cell {cell_id} in {bucket.spec}", err=True)
-            sys.exit(1)
+            raise CommandFailed(f"no cell {cell_id} in {bucket.spec}", EXIT_FAILURE)
         db = CellDatabase(output)
         try:
             result = restore_cell(bucket, cell_id, record.epoch + 1, db, seal=False)
             db.conn.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
         finally:
             db.close()
+    except BucketError as err:
+        raise store_failure(err, store.bucket) from err
     except CellactorsError as err:
-        click.echo(f"error: {err}", err=True)
-        sys.exit(2)
+        raise CommandFailed(str(err)) from err
+    finally:
+        bucket.close()
     owner = record.node or "(released)"
     click.echo(
         f"restored {cell_id} through txid {result.last_txid} (owner {owner}, epoch "

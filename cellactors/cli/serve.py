@@ -6,8 +6,11 @@ it), fetch or create the fleet's peer key, take the node lease, then serve the p
 internal listeners until SIGTERM (drain, exit 0) or a self-fence (``SELF-FENCE:`` line,
 exit 3). Every flag can also be set as ``CELLACTORS_<FLAG>``.
 
-Exit codes: 0 stopped cleanly, 1 unexpected failure, 2 bad configuration or an unusable
-store, 3 self-fenced.
+The listen addresses are bound (and held, without listening) before the store is touched,
+so a port in use fails at once (exit 6) without a bucket write. Exit codes (docs/cli.md):
+0 stopped cleanly, 1 unexpected failure, 2 bad configuration or an unusable store (one
+that fails the probe included), 3 self-fenced, 4 no usable store credentials, 5 store
+unreachable, 6 a listen address cannot be bound.
 """
 
 from __future__ import annotations
@@ -28,15 +31,22 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from cellactors.cli.failures import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_CONFIG,
+    EXIT_FENCED,
+    EXIT_OK,
+    CommandFailed,
+    store_failure,
+)
+from cellactors.cli.log_format import LOG_FORMATS, setup_logging
+from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.bucket import Bucket
 
 log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_FENCED = 3
 DEFAULT_LISTEN = "127.0.0.1:8080"
 DEFAULT_INTERNAL = "127.0.0.1:8081"
 DEFAULT_DATA_DIR = "./cellactors-data"
@@ -48,6 +58,10 @@ ENV_PREFIX = "CELLACTORS_"
 
 class StartupError(Exception):
     """A refusal to start: printed as ``error: ...`` and exit status 2."""
+
+
+class ListenerUnavailable(StartupError):
+    """A listen address cannot be bound (in use, or not an address of this machine)."""
 
 
 class _Interrupted(Exception):
@@ -140,17 +154,32 @@ def plan_listeners(listen: str, internal_listen: str | None, advertise: str | No
     return Listeners(public, internal, adv)
 
 
-def _fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def reserve_listeners(listeners: Listeners) -> list[socket.socket]:
+    """Bind both listen addresses without listening, so a port in use fails before the store
+    starts; the caller closes the sockets just before the servers bind (SO_REUSEADDR, as
+    uvicorn binds). Port 0 is skipped: any free port will do."""
+    held: list[socket.socket] = []
+    for flag, addr in (("--listen", listeners.public), ("--internal-listen", listeners.internal)):
+        if addr.port == 0:
+            continue
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                addr.host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(sockaddr)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as err:
+            for other in held:
+                other.close()
+            reason = err.strerror or str(err)
+            raise ListenerUnavailable(f"{flag} {addr}: cannot listen there: {reason}") from err
+        held.append(sock)
+    return held
 
 
 @contextlib.contextmanager
@@ -181,29 +210,10 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
 
 @click.command("serve")
 @_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
-@_option(
-    "--bucket",
-    "bucket_spec",
-    default=None,
-    metavar="SPEC",
-    help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
+@store_options(
+    required=False,
+    bucket_help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
     "single-machine store runs under --data-dir (not a fleet).",
-)
-@_option("--endpoint", default=None, metavar="URL", help="S3 endpoint (s3:// only).")
-@_option("--region", default=None, help="S3 region (ignored for gs://).")
-@_option(
-    "--access-key-id",
-    default=None,
-    envvar="CELLACTORS_S3_ACCESS_KEY_ID",
-    metavar="KEY",
-    help="S3 static access key id (s3:// only).",
-)
-@_option(
-    "--secret-access-key",
-    default=None,
-    envvar="CELLACTORS_S3_SECRET_ACCESS_KEY",
-    metavar="SECRET",
-    help="S3 static secret key (s3:// only).",
 )
 @_option(
     "--node",
@@ -296,13 +306,16 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
+@_option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    help="text, or json: one JSON object per line (time, level, logger, message, exception).",
+)
 def serve(
     app: str,
-    bucket_spec: str | None,
-    endpoint: str | None,
-    region: str | None,
-    access_key_id: str | None,
-    secret_access_key: str | None,
+    store: StoreArgs,
     node_id: str | None,
     listen: str,
     internal_listen: str | None,
@@ -315,15 +328,17 @@ def serve(
     snapshot_every: int,
     max_body_bytes: int,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the cells of APP as one node: exit 0 after SIGTERM, 3 on self-fence, 2 when
-    the configuration or the store is unusable."""
+    the configuration or the store is unusable, 4 without usable store credentials, 5 when
+    the store is unreachable, 6 when a listen address is in use."""
     from cellactors.actors.node import NodeSettings
     from cellactors.actors.snapshots import SnapshotPolicy
     from cellactors.cli.app_loader import load_app
     from cellactors.persistence import keys
 
-    _setup_logging(log_level)
+    setup_logging(log_level, log_format)
     from cellactors.actors.limits import max_active_cells, raise_open_files_limit
 
     soft, _hard = raise_open_files_limit()
@@ -333,7 +348,7 @@ def serve(
         node = keys.validate_node_id(node_id or default_node_id())
         classes = load_app(app)
     except (StartupError, ConfigError) as err:
-        _fail(str(err))
+        raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
     settings = NodeSettings(
         lease_ttl=lease_ttl,
@@ -344,7 +359,6 @@ def serve(
         advertise=str(listeners.advertise),
         data_dir=data_dir,
     )
-    store = _StoreOptions(bucket_spec, endpoint, region, access_key_id, secret_access_key)
     code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir)
     if code == EXIT_FENCED:
         _exit_now(code)
@@ -360,17 +374,8 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-@dataclass(frozen=True)
-class _StoreOptions:
-    spec: str | None
-    endpoint: str | None
-    region: str | None
-    access_key: str | None
-    secret_key: str | None
-
-
 def _run(
-    store: _StoreOptions,
+    store: StoreArgs,
     node_id: str,
     classes: list[Any],
     settings: Any,
@@ -388,13 +393,15 @@ def _run(
     embedded: SeaweedServer | None = None
     bucket: Bucket | None = None
     node: Node | None = None
-    code = EXIT_OK
+    held: list[socket.socket] = []
+    code: int = EXIT_OK
     try:
         with _startup_signals():
-            if store.spec is None:
+            held = reserve_listeners(listeners)
+            if store.bucket is None:
                 embedded, bucket = _start_embedded(store, data_dir)
             else:
-                bucket = _open_bucket(store)
+                bucket = store.open()
             _probe(bucket)
             key = ensure_peer_key(bucket)
             latch = FenceLatch()
@@ -411,6 +418,8 @@ def _run(
             max_body_bytes=max_body_bytes, call_timeout=settings.call_timeout
         )
         public, internal = listeners.public, listeners.internal
+        for sock in held:  # the servers bind these addresses now
+            sock.close()
         code = serve_node(
             node,
             key,
@@ -419,19 +428,25 @@ def _run(
             settings=server_settings,
             fence=latch,
         )
+    except ListenerUnavailable as err:
+        click.echo(f"error: {err}", err=True)
+        code = EXIT_ADDRESS_IN_USE
     except StartupError as err:
         click.echo(f"error: {err}", err=True)
         code = EXIT_CONFIG
-    except ConfigError as err:
+    except CommandFailed as err:
         click.echo(f"error: {err}", err=True)
-        code = EXIT_CONFIG
+        code = err.code
     except _Interrupted as err:
         log.warning("%s before the node was serving; stopping", err)
         code = EXIT_OK
     except CellactorsError as err:
-        click.echo(f"error: the store is unusable: {err}", err=True)
-        code = EXIT_CONFIG
+        failed = store_failure(err, store.bucket or (bucket.spec if bucket else None))
+        click.echo(f"error: {failed}", err=True)
+        code = failed.code
     finally:
+        for sock in held:
+            sock.close()
         if node is not None:
             try:
                 node.stop()
@@ -448,37 +463,10 @@ def _run(
     return code
 
 
-def _open_bucket(store: _StoreOptions) -> Bucket:
-    from cellactors.persistence.factory import StoreOptions, open_bucket
-
-    assert store.spec is not None
-    options = StoreOptions(
-        endpoint=store.endpoint,
-        region=store.region,
-        access_key=store.access_key,
-        secret_key=store.secret_key,
-    )
-    try:
-        return open_bucket(store.spec, options)
-    except ConfigError:
-        raise
-    except Exception as err:  # a missing dialect dependency, unusable credentials
-        raise StartupError(f"cannot open {store.spec}: {type(err).__name__}: {err}") from err
-
-
-def _start_embedded(store: _StoreOptions, data_dir: Path) -> tuple[Any, Bucket]:
+def _start_embedded(store: StoreArgs, data_dir: Path) -> tuple[Any, Bucket]:
     """Start SeaweedFS under ``data_dir/store`` and create the ``cellactors`` bucket."""
-    from cellactors.persistence.embedded import SeaweedServer
-    from cellactors.persistence.s3 import S3Bucket
-
     if store.endpoint:
         raise StartupError("--endpoint needs --bucket (without --bucket the store is embedded)")
-    # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
-    # environment: make them, and the keys this process signs with, the same pair.
-    access = store.access_key or os.environ.get("AWS_ACCESS_KEY_ID") or EMBEDDED_ACCESS_KEY
-    secret = store.secret_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or EMBEDDED_SECRET_KEY
-    os.environ["AWS_ACCESS_KEY_ID"] = access
-    os.environ["AWS_SECRET_ACCESS_KEY"] = secret
     log.warning(
         "no --bucket given: starting an embedded SeaweedFS store under %s. This is a "
         "single-machine default for trying cellactors out, NOT a fleet: other machines cannot "
@@ -486,7 +474,24 @@ def _start_embedded(store: _StoreOptions, data_dir: Path) -> tuple[Any, Bucket]:
         "to run a fleet.",
         data_dir / "store",
     )
-    server = SeaweedServer(data_dir / "store").start()
+    return start_embedded_store(data_dir / "store", store)
+
+
+def start_embedded_store(folder: Path, store: StoreArgs) -> tuple[Any, Bucket]:
+    """Start SeaweedFS under ``folder`` and create the ``cellactors`` bucket in it; the
+    server and the bucket. ``cellactors dev`` shares one such store between its nodes."""
+    from cellactors.persistence.embedded import SeaweedServer
+    from cellactors.persistence.s3 import S3Bucket
+
+    # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
+    # environment: make them, and the keys this process signs with, the same pair.
+    access = store.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID") or EMBEDDED_ACCESS_KEY
+    secret = (
+        store.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or EMBEDDED_SECRET_KEY
+    )
+    os.environ["AWS_ACCESS_KEY_ID"] = access
+    os.environ["AWS_SECRET_ACCESS_KEY"] = secret
+    server = SeaweedServer(folder).start()
     try:
         bucket = S3Bucket(
             EMBEDDED_BUCKET,
@@ -506,9 +511,12 @@ def _start_embedded(store: _StoreOptions, data_dir: Path) -> tuple[Any, Bucket]:
 def _probe(bucket: Bucket) -> None:
     """Run the sequential conditional-write contract under ``probe/``; refuse a store
     that does not keep it."""
+    from cellactors.errors import StoreCredentialsError, StoreUnreachable
     from cellactors.persistence.qualify import run_contract
 
     report = run_contract(bucket)
+    if isinstance(report.cause, StoreCredentialsError | StoreUnreachable):
+        raise report.cause  # the store was never asked: not a verdict on its contract
     if report.ok:
         log.info("store probe on %s: %s", bucket.spec, report.summary())
         return

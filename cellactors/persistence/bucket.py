@@ -55,6 +55,13 @@ class ObjectInfo:
     last_modified_ms: int
 
 
+def folder_cursor(prefix: str, name: str) -> str:
+    """Where a listing resumes after folder ``prefix + name + "/"``: a key above every key
+    in it. Stores that order folders by byte (S3, GCS) and by name (SeaweedFS) both resume
+    right after that folder."""
+    return f"{prefix}{name}/\uffff"
+
+
 def join_prefix(prefix: str, key: str) -> str:
     """Return the absolute store key for ``key`` under ``prefix`` (which may be empty)."""
     return f"{prefix}/{key}" if prefix else key
@@ -107,6 +114,19 @@ class Bucket(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """List objects whose relative key starts with ``prefix``, in key order."""
+
+    def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        """The distinct names one level below ``prefix`` (``cells/`` gives each cell id),
+        in key order, starting after the folder ``start_after``. This generic version reads
+        the whole listing; the dialects override it with a delimiter listing that starts at
+        the cursor."""
+        last: str | None = None
+        for info in self.list(prefix):
+            name, sep, _ = info.key[len(prefix) :].partition("/")
+            if not sep or name == last or (start_after and name + "/" <= start_after + "/"):
+                continue
+            last = name
+            yield name
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

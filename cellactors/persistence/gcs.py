@@ -23,12 +23,18 @@ import google.api_core.exceptions as gexc
 import google.auth.exceptions
 import requests
 import requests.adapters
+import urllib3.exceptions
 from google.api_core.retry import Retry
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from cellactors.errors import AmbiguousWrite, BucketError, ConfigError
+from cellactors.errors import (
+    AmbiguousWrite,
+    BucketError,
+    StoreCredentialsError,
+    StoreUnreachable,
+)
 from cellactors.persistence.bucket import (
     MAX_CAS_BODY,
     Absent,
@@ -39,6 +45,7 @@ from cellactors.persistence.bucket import (
     ObjectInfo,
     Rejected,
     StoredObject,
+    folder_cursor,
     join_prefix,
     strip_prefix,
 )
@@ -55,7 +62,56 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     TimeoutError,
 )
-_FAILURES: tuple[type[BaseException], ...] = (gexc.GoogleAPIError, *_TRANSPORT_ERRORS)
+_FAILURES: tuple[type[BaseException], ...] = (
+    gexc.GoogleAPIError,
+    google.auth.exceptions.RefreshError,
+    google.auth.exceptions.DefaultCredentialsError,
+    *_TRANSPORT_ERRORS,
+)
+
+# A credential the library could not find, load or refresh, or a store that refused it.
+_CREDENTIAL_ERRORS: tuple[type[BaseException], ...] = (
+    google.auth.exceptions.DefaultCredentialsError,
+    google.auth.exceptions.RefreshError,
+    gexc.Unauthorized,
+    gexc.Forbidden,
+)
+
+
+def _never_connected(err: BaseException) -> bool:
+    """True when no connection was made (refused, connect timeout, unknown host), so the
+    request never reached the store; looks through requests' and api_core's wrappers."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        cur = todo.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(
+            cur,
+            requests.exceptions.ConnectTimeout
+            | urllib3.exceptions.NewConnectionError
+            | urllib3.exceptions.ConnectTimeoutError,
+        ):
+            return True
+        nested = [getattr(cur, "reason", None), getattr(cur, "cause", None), cur.__cause__]
+        nested += [a for a in cur.args if isinstance(a, BaseException)]
+        todo.extend(n for n in nested if isinstance(n, BaseException))
+    return False
+
+
+def failure(what: str, err: BaseException) -> BucketError:
+    """The typed error for a request that failed: missing or refused credentials
+    (:class:`StoreCredentialsError`), no connection (:class:`StoreUnreachable`), or any
+    other failure (:class:`BucketError`)."""
+    message = f"{what} failed: {err}"
+    if isinstance(err, _CREDENTIAL_ERRORS):
+        return StoreCredentialsError(message)
+    if _never_connected(err):
+        return StoreUnreachable(message)
+    return BucketError(message)
+
 
 _clients_lock = threading.Lock()
 _clients: dict[str | None, Any] = {}
@@ -71,7 +127,7 @@ def _new_client(emulator: str | None) -> Any:
         try:
             client = storage.Client()
         except google.auth.exceptions.DefaultCredentialsError as err:
-            raise ConfigError(
+            raise StoreCredentialsError(
                 f"no Google Application Default Credentials for a gs:// bucket: {err}"
             ) from err
         except OSError:
@@ -147,14 +203,14 @@ class GcsBucket(Bucket):
         except gexc.NotFound:
             return None
         except _FAILURES as err:
-            raise BucketError(f"GET {key} failed: {err}") from err
+            raise failure(f"GET {key}", err) from err
         return StoredObject(body=bytes(body), token=_token(key, blob.generation))
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
             blob = self._bucket.get_blob(self._key(key), timeout=self.timeout, retry=self._retry)
         except _FAILURES as err:
-            raise BucketError(f"HEAD {key} failed: {err}") from err
+            raise failure(f"HEAD {key}", err) from err
         if blob is None:
             return None
         return ObjectInfo(
@@ -172,7 +228,7 @@ class GcsBucket(Bucket):
                 body, content_type=_CONTENT_TYPE, timeout=self.timeout, retry=self._retry
             )
         except _FAILURES as err:
-            raise BucketError(f"PUT {key} failed: {err}") from err
+            raise failure(f"PUT {key}", err) from err
         return _token(key, blob.generation)
 
     def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
@@ -205,8 +261,15 @@ class GcsBucket(Bucket):
                 return Rejected("missing")
             if status >= 500 or status in (0, 408):
                 raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status}: {err}") from err
-            raise BucketError(f"conditional PUT {key} failed: HTTP {status}: {err}") from err
+            raise failure(f"conditional PUT {key}: HTTP {status}", err) from err
+        except (
+            google.auth.exceptions.RefreshError,
+            google.auth.exceptions.DefaultCredentialsError,
+        ) as err:
+            raise failure(f"conditional PUT {key}", err) from err  # no token: never sent
         except _TRANSPORT_ERRORS as err:
+            if _never_connected(err):  # never sent: a definite failure, not an ambiguous one
+                raise failure(f"conditional PUT {key}", err) from err
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
         except gexc.GoogleAPIError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
@@ -231,7 +294,24 @@ class GcsBucket(Bucket):
                     last_modified_ms=_ms(blob.updated),
                 )
         except _FAILURES as err:
-            raise BucketError(f"LIST {prefix} failed: {err}") from err
+            raise failure(f"LIST {prefix}", err) from err
+
+    def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        full = self._key(prefix)
+        try:
+            blobs = self._client.list_blobs(
+                self.bucket,
+                prefix=full,
+                delimiter="/",
+                start_offset=folder_cursor(full, start_after) if start_after else None,
+                timeout=self.timeout,
+                retry=self._retry,
+            )
+            for page in blobs.pages:
+                for folder in sorted(page.prefixes):
+                    yield strip_prefix(self.prefix, str(folder))[len(prefix) :].rstrip("/")
+        except _FAILURES as err:
+            raise failure(f"LIST {prefix}", err) from err
 
     def delete(self, key: str) -> None:
         try:
@@ -239,7 +319,7 @@ class GcsBucket(Bucket):
         except gexc.NotFound:
             return
         except _FAILURES as err:
-            raise BucketError(f"DELETE {key} failed: {err}") from err
+            raise failure(f"DELETE {key}", err) from err
 
     def ensure_exists(self) -> None:
         """Create the bucket if it is missing (embedded stores and tests)."""
@@ -250,4 +330,4 @@ class GcsBucket(Bucket):
         except gexc.Conflict:
             return  # created concurrently
         except _FAILURES as err:
-            raise BucketError(f"cannot create bucket {self.bucket}: {err}") from err
+            raise failure(f"creating bucket {self.bucket}", err) from err

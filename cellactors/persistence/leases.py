@@ -10,13 +10,23 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 
 from cellactors.core.types import PEER_PROTOCOL, LeaseSnapshot, NodeLease
 from cellactors.errors import BucketError, InvalidCellId
 from cellactors.persistence import keys, records
 from cellactors.persistence.bucket import Bucket, CasResult, Guard
 
-__all__ = ["PEER_PROTOCOL", "LeaseSnapshot", "LeaseStore", "NodeLease", "encode_lease", "now_ms"]
+__all__ = [
+    "PEER_PROTOCOL",
+    "LeaseSnapshot",
+    "LeaseStore",
+    "ListedLease",
+    "NodeLease",
+    "encode_lease",
+    "list_leases",
+    "now_ms",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,38 @@ def _decode_lease(key: str, body: bytes) -> NodeLease:
         peer_protocol=value["peer_protocol"],
         load=load if isinstance(load, dict) else {},
     )
+
+
+@dataclass(frozen=True)
+class ListedLease:
+    """One ``nodes/`` object as an operator sees it: the lease, or why it is unreadable;
+    ``written_ms`` is the store's last-modified time of the object."""
+
+    node: str
+    written_ms: int
+    lease: NodeLease | None
+    problem: str | None = None
+
+
+def list_leases(bucket: Bucket) -> list[ListedLease]:
+    """Every node lease in the bucket, expired ones included, in node order (read-only)."""
+    found: list[ListedLease] = []
+    for info in bucket.list(keys.NODES_PREFIX):
+        if not info.key.endswith(".json"):
+            continue
+        node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
+        try:
+            key = keys.lease_key(node_id)
+        except InvalidCellId:
+            continue  # not a lease key, e.g. nodes/sub/x.json
+        obj = bucket.get(key)
+        if obj is None:
+            continue  # deleted since the listing
+        try:
+            found.append(ListedLease(node_id, info.last_modified_ms, _decode_lease(key, obj.body)))
+        except BucketError as err:
+            found.append(ListedLease(node_id, info.last_modified_ms, None, str(err)))
+    return found
 
 
 class LeaseStore:

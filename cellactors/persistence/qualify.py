@@ -73,11 +73,14 @@ class ContractReport:
     """The sequential contract's outcome.
 
     ``error`` is set when the run could not complete (the store failed to answer a step
-    with Applied or Rejected); ``steps`` holds the steps that did complete.
+    with Applied or Rejected), and ``cause`` is the exception that stopped it, so a caller
+    can tell missing credentials or an unreachable store from a store that misbehaves;
+    ``steps`` holds the steps that did complete.
     """
 
     steps: tuple[ContractStep, ...]
     error: str | None = None
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
 
     @property
     def completed(self) -> bool:
@@ -132,15 +135,16 @@ def run_contract(bucket: Bucket, run_id: str | None = None) -> ContractReport:
     key = probe_root(rid) + "contract.json"
     steps: list[ContractStep] = []
     error: str | None = None
+    cause: BaseException | None = None
     try:
         _contract_steps(bucket, key, rid, steps)
     except Exception as exc:  # a step the store did not answer: the run could not complete
-        error = _describe(exc)
+        error, cause = _describe(exc), exc
     finally:
         cleanup_errors = cleanup_probe(bucket, rid, known=[key])
     if error is None and cleanup_errors:
         error = "; ".join(cleanup_errors)
-    return ContractReport(tuple(steps), error)
+    return ContractReport(tuple(steps), error, cause)
 
 
 def _contract_steps(bucket: Bucket, key: str, rid: str, steps: list[ContractStep]) -> None:

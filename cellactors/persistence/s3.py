@@ -16,7 +16,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from cellactors.errors import AmbiguousWrite, BucketError
+from cellactors.errors import AmbiguousWrite, BucketError, StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.bucket import (
     MAX_CAS_BODY,
     Absent,
@@ -28,6 +28,7 @@ from cellactors.persistence.bucket import (
     ObjectInfo,
     Rejected,
     StoredObject,
+    folder_cursor,
     join_prefix,
     strip_prefix,
 )
@@ -35,6 +36,33 @@ from cellactors.persistence.gate import refuse_if_fenced
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+# Raised before a request is sent: no credentials could be found or loaded.
+_CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.CredentialRetrievalError,
+    botocore.exceptions.ProfileNotFound,
+    botocore.exceptions.SSOError,
+    botocore.exceptions.NoAuthTokenError,
+)
+# Error codes of a store that refused the credentials it was given.
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AccessDenied",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+}
+# The connection was never made, so the request never reached the store.
+_UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.ProxyConnectionError,
+)
 
 _clients_lock = threading.Lock()
 _clients: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -52,11 +80,14 @@ def _client_pair(
     with _clients_lock:
         pair = _clients.get(key)
         if pair is None:
-            session = boto3.session.Session(
-                aws_access_key_id=access_key,
-                aws_secret_access_key=secret_key,
-                region_name=region or ("us-east-1" if endpoint else None),
-            )
+            try:
+                session = boto3.session.Session(
+                    aws_access_key_id=access_key,
+                    aws_secret_access_key=secret_key,
+                    region_name=region or ("us-east-1" if endpoint else None),
+                )
+            except botocore.exceptions.BotoCoreError as err:  # e.g. AWS_PROFILE names no profile
+                raise failure("S3 session", err) from err
             s3_opts = {"addressing_style": "path"} if endpoint else {}
             common: dict[str, Any] = {
                 "connect_timeout": min(timeout, 5.0),
@@ -91,6 +122,22 @@ def _status(err: botocore.exceptions.ClientError) -> tuple[int, str]:
     status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     code = str(resp.get("Error", {}).get("Code", ""))
     return status, code
+
+
+def failure(what: str, err: Exception) -> BucketError:
+    """The typed error for a request that failed definitely: missing or refused credentials
+    (:class:`StoreCredentialsError`), no connection (:class:`StoreUnreachable`), or any
+    other failure (:class:`BucketError`)."""
+    message = f"{what} failed: {err}"
+    if isinstance(err, _CREDENTIAL_ERRORS):
+        return StoreCredentialsError(message)
+    if isinstance(err, _UNREACHABLE_ERRORS):
+        return StoreUnreachable(message)
+    if isinstance(err, botocore.exceptions.ClientError):
+        status, code = _status(err)
+        if code in _CREDENTIAL_CODES or (status == 403 and code in ("", "403", "Forbidden")):
+            return StoreCredentialsError(message)
+    return BucketError(message)
 
 
 def _is_missing(err: botocore.exceptions.ClientError) -> bool:
@@ -154,9 +201,9 @@ class S3Bucket(Bucket):
         except botocore.exceptions.ClientError as err:
             if _is_missing(err):
                 return None
-            raise BucketError(f"GET {key} failed: {err}") from err
+            raise failure(f"GET {key}", err) from err
         except botocore.exceptions.BotoCoreError as err:
-            raise BucketError(f"GET {key} failed: {err}") from err
+            raise failure(f"GET {key}", err) from err
         return StoredObject(body=resp["Body"].read(), token=str(resp["ETag"]))
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -165,9 +212,9 @@ class S3Bucket(Bucket):
         except botocore.exceptions.ClientError as err:
             if _is_missing(err):
                 return None
-            raise BucketError(f"HEAD {key} failed: {err}") from err
+            raise failure(f"HEAD {key}", err) from err
         except botocore.exceptions.BotoCoreError as err:
-            raise BucketError(f"HEAD {key} failed: {err}") from err
+            raise failure(f"HEAD {key}", err) from err
         return ObjectInfo(
             key=key,
             token=str(resp["ETag"]),
@@ -179,7 +226,7 @@ class S3Bucket(Bucket):
         try:
             resp = self._plain.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
-            raise BucketError(f"PUT {key} failed: {err}") from err
+            raise failure(f"PUT {key}", err) from err
         return str(resp["ETag"])
 
     def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
@@ -214,7 +261,9 @@ class S3Bucket(Bucket):
                 return Rejected("missing")
             if status >= 500 or status == 0:
                 raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}") from err
-            raise BucketError(f"conditional PUT {key} failed: HTTP {status} {code}") from err
+            raise failure(f"conditional PUT {key}", err) from err
+        except (*_CREDENTIAL_ERRORS, *_UNREACHABLE_ERRORS) as err:
+            raise failure(f"conditional PUT {key}", err) from err  # never sent: not ambiguous
         except botocore.exceptions.BotoCoreError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
         return Applied(str(resp["ETag"]), server_ms=_date_ms(resp))
@@ -231,16 +280,30 @@ class S3Bucket(Bucket):
                         last_modified_ms=int(item["LastModified"].timestamp() * 1000),
                     )
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
-            raise BucketError(f"LIST {prefix} failed: {err}") from err
+            raise failure(f"LIST {prefix}", err) from err
+
+    def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        full = self._key(prefix)
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "Delimiter": "/"}
+        if start_after:
+            args["StartAfter"] = folder_cursor(full, start_after)
+        paginator = self._plain.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(**args):
+                for common in page.get("CommonPrefixes", []):
+                    name = strip_prefix(self.prefix, common["Prefix"])[len(prefix) :]
+                    yield name.rstrip("/")
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+            raise failure(f"LIST {prefix}", err) from err
 
     def delete(self, key: str) -> None:
         try:
             self._plain.delete_object(Bucket=self.bucket, Key=self._key(key))
         except botocore.exceptions.ClientError as err:
             if not _is_missing(err):
-                raise BucketError(f"DELETE {key} failed: {err}") from err
+                raise failure(f"DELETE {key}", err) from err
         except botocore.exceptions.BotoCoreError as err:
-            raise BucketError(f"DELETE {key} failed: {err}") from err
+            raise failure(f"DELETE {key}", err) from err
 
     def ensure_exists(self) -> None:
         """Create the bucket if it is missing (embedded stores and tests)."""
@@ -252,4 +315,8 @@ class S3Bucket(Bucket):
             except botocore.exceptions.ClientError as err:
                 _, code = _status(err)
                 if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                    raise BucketError(f"cannot create bucket {self.bucket}: {err}") from err
+                    raise failure(f"creating bucket {self.bucket}", err) from err
+            except botocore.exceptions.BotoCoreError as err:
+                raise failure(f"creating bucket {self.bucket}", err) from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise failure(f"HEAD bucket {self.bucket}", err) from err
