@@ -245,12 +245,12 @@ def test_serve_accepts_the_container_args_and_environment(
     params = ctx.params
     data = configmap("cellactors-config")
     assert params["node_id"] == SAMPLE_DOWNWARD["POD_NAME"]
-    assert params["bucket_spec"] == data["CELLACTORS_BUCKET"]
+    assert params["bucket"] == data["CELLACTORS_BUCKET"]
     assert params["app"] == data["CELLACTORS_APP"]
     assert params["lease_ttl"] == float(data["CELLACTORS_LEASE_TTL"])
     assert params["access_key_id"] == SAMPLE_SECRET
     assert params["secret_access_key"] == SAMPLE_SECRET
-    assert params["bucket_spec"].startswith(("s3://", "gs://")), "a fleet needs a shared bucket"
+    assert params["bucket"].startswith(("s3://", "gs://")), "a fleet needs a shared bucket"
     # serve's own listener rules (non-loopback public listener, wildcard internal listener).
     listeners = plan_listeners(params["listen"], params["internal_listen"], params["advertise"])
     assert str(listeners.advertise) == f"{SAMPLE_DOWNWARD['POD_IP']}:{listeners.internal.port}"

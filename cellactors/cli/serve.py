@@ -281,7 +281,17 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     type=click.FloatRange(min=0.1),
     metavar="SECONDS",
-    help="Seconds without a call before a cell is passivated.",
+    help="Seconds without a call before a cell is released (passivated).",
+)
+@_option(
+    "--hibernate-after",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Seconds without a call before a cell hibernates: it keeps its ownership and file "
+    "but holds no thread or connection, and wakes with no bucket request (off when not "
+    "below --idle-timeout).",
 )
 @_option(
     "--snapshot-every",
@@ -325,6 +335,7 @@ def serve(
     max_clock_skew: float | None,
     max_resident_cells: int,
     idle_timeout: float,
+    hibernate_after: float,
     snapshot_every: int,
     max_body_bytes: int,
     log_level: str,
@@ -354,6 +365,7 @@ def serve(
         lease_ttl=lease_ttl,
         max_clock_skew=max_clock_skew,
         idle_timeout=idle_timeout,
+        hibernate_timeout=hibernate_after,
         snapshots=SnapshotPolicy(every_txids=snapshot_every),
         max_resident_cells=max_resident_cells,
         advertise=str(listeners.advertise),
