@@ -1,6 +1,8 @@
 """Row 5 in a fresh interpreter (so no other row's memory is reused or counted): start a node,
 activate ``--warm`` cells (thread pools and caches reach their size), measure RSS, threads
-and fds, activate ``--cells`` more, let them go idle, measure again; print one JSON line.
+and fds, activate ``--cells`` more, let them go idle, measure again; then hibernate them
+all, measure again, and wake a sample of them one at a time (latency and bucket requests);
+print one JSON line.
 
 ``python -m bench.residency --endpoint URL --prefix P --cells N``
 """
@@ -11,6 +13,7 @@ import argparse
 import functools
 import gc
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -54,9 +57,22 @@ def main() -> None:
         )
         after = settle()
         resident = node.resident_cells()
+        for i in range(args.cells):
+            node.hibernate(f"Counter:idle-{i}")
+        hibernated = settle()
+        hibernated_count = node.hibernated_cells()
+        sample = [f"idle-{i}" for i in range(0, args.cells, max(1, args.cells // 200))]
+        requests_before = sum(node.bucket.snapshot().values())
+        wakes = []
+        for name in sample:
+            started = time.perf_counter()
+            node.cell(Counter, name).get("x")
+            wakes.append(time.perf_counter() - started)
+        wake_requests = sum(node.bucket.snapshot().values()) - requests_before
     finally:
         node.stop()
     n = args.cells
+    dormant_rss = max(1.0, (hibernated["rss"] - before["rss"]) / n)
     rss = (after["rss"] - before["rss"]) / n
     print(
         json.dumps(
@@ -70,6 +86,15 @@ def main() -> None:
                 "rss_before_mib": before["rss"] / (1 << 20),
                 "rss_after_mib": after["rss"] / (1 << 20),
                 "new_cell_activations_per_s": n / elapsed,
+                "hibernated": hibernated_count,
+                "hibernated_rss_per_cell_kib": dormant_rss / 1024,
+                "hibernated_per_gib": (1 << 30) / dormant_rss,
+                "hibernated_threads_per_cell": (hibernated["threads"] - before["threads"]) / n,
+                "hibernated_fds_per_cell": (hibernated["fds"] - before["fds"]) / n,
+                "wakes": len(wakes),
+                "wake_p50_ms": statistics.median(wakes) * 1000,
+                # Lease renewals may fall inside the window; wakes themselves send nothing.
+                "wake_requests": wake_requests,
             }
         )
     )

@@ -77,7 +77,26 @@ def row5(env: Env) -> list[Row]:
             goal=Goal(">=", 10_000, ">= 10,000"),
             figure="{rss_per_cell_kib:.0f} KiB, {threads_per_cell:.1f} threads, "
             "{fds_per_cell:.1f} fds per cell",
-        )
+        ),
+        make_row(
+            "5-hibernated",
+            f"hibernated cells per GiB RSS ({env.sizes.resident_cells} hibernated)",
+            runs,
+            metric="hibernated_per_gib",
+            metric_fmt="{:,.0f}",
+            goal=Goal(">=", 100_000, ">= 100,000"),
+            figure="{hibernated_rss_per_cell_kib:.1f} KiB, {hibernated_threads_per_cell:.2f} "
+            "threads, {hibernated_fds_per_cell:.2f} fds per cell",
+        ),
+        make_row(
+            "5-wake",
+            "waking a hibernated cell (a read), p50",
+            runs,
+            metric="wake_p50_ms",
+            metric_fmt="{:.2f} ms",
+            goal=Goal("<=", 2.0, "<= 2 ms"),
+            figure="{wakes:.0f} wakes, {wake_requests:.0f} bucket requests in all",
+        ),
     ]
 
 

@@ -38,7 +38,8 @@ def row_ids(sizes: Sizes) -> list[str]:
     """Every row the suite reports for ``sizes``, in order (the smoke test checks them)."""
     ids = ["1-inproc", "1-http", "2-inproc", "2-http"]
     ids += [f"3-{mode}-{c}" for c in sizes.distinct for mode in ("inproc", "http")]
-    ids += ["4-read-1conn", "4-read-16conn", "5-resident", "6-activations"]
+    ids += ["4-read-1conn", "4-read-16conn", "5-resident", "5-hibernated", "5-wake"]
+    ids += ["6-activations"]
     return [*ids, "7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from cellactors.errors import AmbiguousWrite, BucketError
+from cellactors.errors import AmbiguousWrite, BucketError, StoreUnreachable
 from cellactors.persistence.bucket import (
     MAX_CAS_BODY,
     Absent,
@@ -391,15 +391,18 @@ def test_other_4xx_on_conditional_write_is_a_definite_failure(
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
-def test_unreachable_store_makes_conditional_write_ambiguous(
+def test_unreachable_store_fails_a_conditional_write_definitely(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No connection was made, so the request never reached the store: a definite failure,
+    not an ambiguous write (a connection lost after sending stays ambiguous)."""
     stub = _Stub()
     endpoint = stub.endpoint
     stub.close()  # nothing listens there any more
     bucket = _stub_bucket(kind, endpoint, monkeypatch)
-    with pytest.raises(AmbiguousWrite):
+    with pytest.raises(StoreUnreachable) as info:
         bucket.put_cas("own.json", b"{}", Absent())
+    assert not isinstance(info.value, AmbiguousWrite)
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
