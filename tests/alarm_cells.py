@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from cellactors import CellActor
+from cellactors.errors import CallCycle, MethodFailed
 
 
 class Reminder(CellActor):
@@ -55,6 +56,9 @@ class Reminder(CellActor):
     def cancel(self) -> None:
         self.delete_alarm()
 
+    def sql(self, statement: str) -> None:
+        self.db.execute(statement)
+
 
 class Flaky(CellActor):
     """An alarm that always fails: counts its attempts in a table no rollback touches."""
@@ -79,12 +83,24 @@ class Hop(CellActor):
     def on_activate(self) -> None:
         self.db.execute("CREATE TABLE IF NOT EXISTS seen (seq INTEGER PRIMARY KEY, v TEXT)")
 
-    def relay(self, path: list[str], value: str = "") -> Any:
+    def relay(self, path: list[str], value: str = "", fail_after: bool = False) -> Any:
         self.db.execute("INSERT INTO seen (v) VALUES (?)", [value])
         if not path:
             return [self.name]
         rest = self.cell("Hop", path[0]).relay(path=path[1:], value=value)
+        if fail_after:
+            raise ValueError("the outer call fails after the inner one answered")
         return [self.name, *rest]
+
+    def probe_cycle(self, path: list[str]) -> str:
+        """Call along ``path``; return the error code a cycle raised in the first callee."""
+        try:
+            self.cell("Hop", path[0]).relay(path=path[1:])
+        except CallCycle as err:
+            return f"{err.code}/{err.outcome}"
+        except MethodFailed as err:
+            return f"method_failed:{err.exc_type}"
+        return "no cycle"
 
     def seen(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT v FROM seen ORDER BY seq")]
