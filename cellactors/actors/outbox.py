@@ -6,8 +6,9 @@ messages (through the cell's mailbox, so the database is only touched by its thr
 delivers those of acknowledged transactions in ``seq`` order, stops at the first failure
 per target (so each sender-target pair is delivered in send order), then deletes the
 delivered ones in a transaction of the sender. Undelivered messages are retried with
-backoff, forever; a message whose target refused it for good (no such cell or method, bad
-arguments, a cycle) or whose method raised is dropped with an error in the log. A crash
+backoff, forever (an unknown class or method included: a fleet mid-deploy); a message whose
+target refused it for good (bad arguments, a key conflict, a cycle) or whose method raised is
+dropped with an error in the log. A crash
 between a delivery and the deletion delivers again, and the target's idempotency record
 answers without running again (within its retention window).
 """
@@ -30,6 +31,7 @@ from cellactors.errors import (
     NodeUnavailable,
     RemoteOwner,
     StaleRoute,
+    UnknownCell,
 )
 from cellactors.persistence.runtime_tables import Message
 
@@ -152,7 +154,10 @@ class OutboxWorkers:
             return DROPPED
         except CallError as err:
             final = err.outcome == FAILED or (err.outcome == NOT_RUN and not err.retryable)
-            if final and not isinstance(err, (StaleRoute, NodeUnavailable, RemoteOwner)):
+            # An unknown class or method may be a node of another version during a deploy:
+            # retried, never dropped; as are routing answers (the call ran nowhere).
+            transient = (StaleRoute, NodeUnavailable, RemoteOwner, UnknownCell)
+            if final and not isinstance(err, transient):
                 log.error(
                     "message %s of %s to %s.%s dropped: %s (%s)",
                     message.id,
