@@ -494,6 +494,7 @@ class Node:
             with self._lock:
                 if self._hosts.get(cell_id) is host:
                     del self._hosts[cell_id]
+            self.alarms.released(cell_id)  # hosted nowhere here: scans treat it as such
             try:
                 if host.active is not None:
                     proxy.abandon(host.error).get()

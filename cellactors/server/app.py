@@ -608,7 +608,7 @@ class _InternalCore(_Core):
             timeout=self.settings.call_timeout,
             key=key,
             result_check=check,
-            chain=chain,
+            **({"chain": chain} if chain else {}),  # only calls between cells carry one
         )
 
     async def state(self, request: Request) -> Response:
