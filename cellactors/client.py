@@ -50,6 +50,7 @@ from cellactors.errors import (
     ActivationFailed,
     BadRequest,
     BadResult,
+    CallCycle,
     CallError,
     KeyConflict,
     MethodFailed,
@@ -76,6 +77,7 @@ _BY_CODE: dict[str, type[CallError]] = {
         ActivationFailed,
         BadResult,
         KeyConflict,
+        CallCycle,
     )
 }
 # Failures after which the request certainly was not sent.

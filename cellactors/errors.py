@@ -182,3 +182,13 @@ class KeyConflict(CallError):
     status = 409
     code = "key_conflict"
     outcome = NOT_RUN
+
+
+class CallCycle(CallError):
+    """A call between cells would wait on a cell that is itself waiting for this call (A
+    calls B which calls A, directly or through others): it would deadlock, so it is refused
+    before it runs. The calling cell's method gets this error and decides what to do."""
+
+    status = 409
+    code = "call_cycle"
+    outcome = NOT_RUN

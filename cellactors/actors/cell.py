@@ -13,26 +13,55 @@ then starts the actor and sends :class:`~cellactors.actors.messages.Open`, which
 A call may carry an idempotency key (see :mod:`cellactors.persistence.calls`): a keyed call
 that writes is recorded in the same transaction; a later call with that key is answered
 from the record, through the same hold, without running.
+
+Alarms (``set_alarm``/``on_alarm``) and the outbox (``send``) are rows of runtime tables
+written in the call's own transaction (:mod:`cellactors.persistence.runtime_tables`); a
+transaction that changed them hands its new wake state to the replicator with its commit, so
+the wake entries are written once it is durable and before its answer is released. Calls
+between cells (``self.cell(...)``) go through the node with the call chain, so a cycle is
+refused instead of deadlocking.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import Any, ClassVar, Protocol
 
 import msgpack
 import pykka
 import sqlite_utils
 
 from cellactors.actors.channel import Outcome, ReplicaChannel
-from cellactors.actors.messages import Invoke, Open, TakeImage
-from cellactors.errors import UNKNOWN, BadRequest, BadResult, ConfigError, KeyConflict, MethodFailed
-from cellactors.persistence import calls
+from cellactors.actors.messages import (
+    DropOutbox,
+    FireAlarm,
+    Invoke,
+    Open,
+    ReadOutbox,
+    ReadWakes,
+    TakeImage,
+)
+from cellactors.core import alarms
+from cellactors.errors import (
+    UNKNOWN,
+    BadRequest,
+    BadResult,
+    CellactorsError,
+    ConfigError,
+    KeyConflict,
+    MethodFailed,
+)
+from cellactors.persistence import calls, keys
+from cellactors.persistence.capture import TxnChanges
 from cellactors.persistence.celldb import CellDatabase, to_txn
+
+log = logging.getLogger(__name__)
 
 
 def check_serializable(value: Any, what: str = "result") -> None:
@@ -83,6 +112,21 @@ def bound_arguments(
         return None  # the call will fail as the method is called; nothing is recorded
 
 
+class CellServices(Protocol):
+    """What a cell asks of its node: calls to other cells (run here or forwarded)."""
+
+    def call_cell(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        key: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> Any: ...
+
+
 @dataclass
 class CellRuntime:
     """What an activation gives the actor: identity, epoch, database and channel."""
@@ -94,6 +138,39 @@ class CellRuntime:
     channel: ReplicaChannel
     next_txid: int
     last_used: float = field(default_factory=time.monotonic)
+    services: CellServices | None = None
+
+
+def class_name(cls: type[CellActor] | str) -> str:
+    """The served name of a cell class given as a class or a name."""
+    return cls if isinstance(cls, str) else cls.__name__
+
+
+class CellRef:
+    """``self.cell(Other, "b")``: another cell, called from inside a method. Each call
+    (keyword arguments only) blocks until the callee's answer is durable and returns it, or
+    raises its error (a :class:`~cellactors.errors.CallError`); see docs/writing-a-cell.md,
+    "Calls between cells"."""
+
+    def __init__(self, caller: CellActor, cls_name: str, name: str, key: str | None = None):
+        self._caller = caller
+        self._cls = cls_name
+        self._name = name
+        self._key = key
+        keys.make_cell_id(cls_name, name)
+
+    def with_key(self, key: str) -> CellRef:
+        """The same cell; its calls carry the idempotency key ``key``."""
+        return CellRef(self._caller, self._cls, self._name, key)
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(**kwargs: Any) -> Any:
+            return self._caller._call_out(self._cls, self._name, method, kwargs, self._key)
+
+        return call
 
 
 @functools.cache
@@ -119,13 +196,63 @@ class CellActor(pykka.ThreadingActor):
     #: Names reserved by the runtime; never exposed as cell methods.
     _RESERVED: ClassVar[frozenset[str]] = frozenset()
 
+    #: A failing ``on_alarm`` runs again after ``alarm_backoff_s``, doubling each time up
+    #: to ``alarm_backoff_max_s``, and is abandoned after ``alarm_max_failures`` failures.
+    alarm_max_failures: ClassVar[int] = 6
+    alarm_backoff_s: ClassVar[float] = 2.0
+    alarm_backoff_max_s: ClassVar[float] = 300.0
+
     db: sqlite_utils.Database
     cell_id: str
     name: str
     _runtime: CellRuntime | None = None
+    _chain: tuple[str, ...] = ()
+    _in_txn: bool = False
 
     def on_activate(self) -> None:
         """Runs once per activation, inside a transaction, before any call."""
+
+    def on_alarm(self) -> None:
+        """Runs when the alarm set with :meth:`set_alarm` is due, as one transaction like
+        any call; the alarm is consumed in that transaction unless it sets a new one. If it
+        raises, it is rolled back and retried (see ``alarm_max_failures``)."""
+
+    # --- the API cells use inside their methods -----------------------------------------
+
+    def set_alarm(self, at: float | datetime) -> None:
+        """Have :meth:`on_alarm` run at ``at`` (epoch seconds or a datetime), replacing any
+        alarm set before. Part of the current transaction: it exists once that is durable."""
+        at_ms = alarms.to_ms(at)
+        with self._runtime_db().runtime_writes() as tables:
+            tables.set_alarm(at_ms)
+
+    def get_alarm(self) -> float | None:
+        """When the alarm is due (epoch seconds), or None when no alarm is set."""
+        row = self._runtime_db().tables.alarm()
+        return None if row is None else row.at_ms / 1000
+
+    def delete_alarm(self) -> None:
+        """Remove the alarm, if any (part of the current transaction)."""
+        with self._runtime_db().runtime_writes() as tables:
+            tables.delete_alarm()
+
+    def cell(self, cls: type[CellActor] | str, name: str) -> CellRef:
+        """Another cell, to call synchronously: ``self.cell(Account, "bob").credit(amount=5)``."""
+        return CellRef(self, class_name(cls), name)
+
+    def send(self, cls: type[CellActor] | str, name: str, method: str, /, **kwargs: Any) -> str:
+        """Record a message to ``cls:name``'s ``method(**kwargs)`` in this transaction's
+        outbox; it is delivered, exactly once, after this transaction is durable (and never
+        if it rolls back). Returns the message id (its delivery's idempotency key)."""
+        rt = self._require_runtime()
+        database = self._runtime_db()
+        cls_name = class_name(cls)
+        target = keys.make_cell_id(cls_name, name)
+        if not isinstance(cls, str) and method not in cls.exposed_methods():
+            raise BadRequest(f"{cls_name} has no public method {method!r}")
+        check_serializable(kwargs, "message arguments")
+        with database.runtime_writes() as tables:
+            return tables.add_message(rt.next_txid, target, method, dict(kwargs))
 
     @classmethod
     def exposed_methods(cls) -> frozenset[str]:
@@ -139,7 +266,14 @@ class CellActor(pykka.ThreadingActor):
         ``start``/``stop``, the runtime's own hooks) or that exposes no method at all."""
         if not (isinstance(cls, type) and issubclass(cls, CellActor)) or cls is CellActor:
             raise ConfigError(f"{cls!r} is not a CellActor subclass")
-        allowed = {"on_activate", "_abc_impl"}
+        allowed = {
+            "on_activate",
+            "on_alarm",
+            "alarm_max_failures",
+            "alarm_backoff_s",
+            "alarm_backoff_max_s",
+            "_abc_impl",
+        }
         clashes = sorted(
             name
             for klass in cls.__mro__
@@ -166,6 +300,17 @@ class CellActor(pykka.ThreadingActor):
         if isinstance(message, TakeImage):
             rt = self._require_runtime()
             return (rt.next_txid - 1, rt.database.image())
+        if isinstance(message, FireAlarm):
+            self._fire(message)
+            return None
+        if isinstance(message, ReadWakes):
+            return self._require_runtime().database.tables.state()
+        if isinstance(message, ReadOutbox):
+            rt = self._require_runtime()
+            return rt.database.tables.messages(), rt.channel.acked
+        if isinstance(message, DropOutbox):
+            self._drop_outbox(message)
+            return None
         return super().on_receive(message)
 
     def _require_runtime(self) -> CellRuntime:
@@ -173,18 +318,135 @@ class CellActor(pykka.ThreadingActor):
             raise RuntimeError("cell actor used before activation")
         return self._runtime
 
+    def _runtime_db(self) -> CellDatabase:
+        """The database, only inside a call's transaction (alarms and messages are part
+        of one)."""
+        if not self._in_txn:
+            raise RuntimeError("alarms and messages can only be used inside a cell's method")
+        return self._require_runtime().database
+
+    def _call_out(
+        self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], key: str | None
+    ) -> Any:
+        rt = self._require_runtime()
+        if rt.services is None:
+            raise RuntimeError("this cell runs without a node: it cannot call other cells")
+        return rt.services.call_cell(cls_name, name, method, kwargs, key=key, chain=self._chain)
+
+    def _alarm_policy(self) -> alarms.AlarmPolicy:
+        cls = type(self)
+        return alarms.AlarmPolicy(
+            cls.alarm_max_failures, cls.alarm_backoff_s, cls.alarm_backoff_max_s
+        )
+
+    def _run(
+        self,
+        fn: Callable[[], Any],
+        check: Callable[[Any], None] | None = None,
+        on_write: Callable[[Any], None] | None = None,
+    ) -> tuple[Any, TxnChanges]:
+        """One transaction of this cell (alarm and outbox usable inside it)."""
+        rt = self._require_runtime()
+        rt.database.tables.touched = False
+        self._in_txn = True
+        try:
+            return rt.database.run(fn, check, on_write)
+        finally:
+            self._in_txn = False
+
+    def _commit(self, changes: TxnChanges, outcome: Outcome) -> None:
+        """Hand a committed transaction to the replicator, with its new wake state when it
+        touched the alarm or the outbox; a refusal of the channel fails ``outcome``."""
+        rt = self._require_runtime()
+        if changes.empty:
+            return
+        effect = rt.database.tables.state() if rt.database.tables.touched else None
+        image = rt.database.image() if changes.schema_changed else None
+        txn = to_txn(rt.next_txid, changes, image, int(time.time() * 1000))
+        rt.next_txid += 1
+        try:
+            rt.channel.commit(txn, effect)
+        except BaseException as err:
+            outcome.error, outcome.value = err, None
+
+    def _fire(self, msg: FireAlarm) -> None:
+        """Run ``on_alarm`` if the alarm is due; on failure, record the retry (or drop the
+        alarm after the last one) in a transaction of its own."""
+        msg.started.set()
+        rt = self._require_runtime()
+        outcome = Outcome(msg.reply, "not_due")
+        row = rt.database.tables.alarm()
+        if row is not None and row.at_ms <= calls.now_ms():
+            rt.last_used = time.monotonic()
+            self._chain = (self.cell_id,)
+
+            def body() -> None:
+                self.on_alarm()
+                with rt.database.runtime_writes() as tables:
+                    tables.delete_alarm(row.nonce)  # consumed, unless on_alarm set a new one
+
+            try:
+                _, changes = self._run(body)
+                outcome.value = "fired"
+            except Exception as err:
+                failures = row.failures + 1
+                again = alarms.retry_at(self._alarm_policy(), failures, calls.now_ms())
+                log.warning(
+                    "on_alarm of %s failed (%d in a row): %s: %s",
+                    self.cell_id,
+                    failures,
+                    type(err).__name__,
+                    err,
+                )
+
+                def record() -> None:
+                    with rt.database.runtime_writes() as tables:
+                        if again is None:
+                            tables.delete_alarm(row.nonce)
+                        else:
+                            tables.set_alarm(again, failures)
+
+                try:
+                    _, changes = self._run(record)
+                    outcome.value = "abandoned" if again is None else "retry"
+                except Exception as failure:  # the retry could not be recorded: fire again
+                    outcome.error, outcome.value = failure, None
+                    changes = TxnChanges()
+            self._commit(changes, outcome)
+        rt.channel.hold(outcome)
+        rt.channel.note_progress()
+
+    def _drop_outbox(self, msg: DropOutbox) -> None:
+        """Delete delivered messages (a transaction of the sender's)."""
+        rt = self._require_runtime()
+        outcome = Outcome(msg.reply)
+
+        def body() -> None:
+            with rt.database.runtime_writes() as tables:
+                tables.remove_messages(msg.seqs)
+
+        try:
+            _, changes = self._run(body)
+            self._commit(changes, outcome)
+        except CellactorsError as err:
+            outcome.error = err
+        rt.channel.hold(outcome)
+        rt.channel.note_progress()
+
     def _open(self, runtime: CellRuntime) -> None:
         self._runtime = runtime
         self.db = runtime.database.db
         self.cell_id = runtime.cell_id
         self.name = runtime.name
         reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        self._chain = (self.cell_id,)
         self._transact(self.on_activate, (), {}, reply)
         reply.get()  # on_activate failures fail the activation
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started.set()
         fn = getattr(self, msg.method)
+        self._chain = (*msg.chain, self.cell_id)
         digest = ""
         if msg.key is not None:
             answered, digest = self._replay(msg, fn)
@@ -261,7 +523,7 @@ class CellActor(pykka.ThreadingActor):
             rt.database.calls.collect(call.retention, now)
 
         try:
-            _, changes = rt.database.run(
+            _, changes = self._run(
                 lambda: fn(*args, **kwargs), check, on_write if call is not None else None
             )
         except BadResult as err:
@@ -269,13 +531,6 @@ class CellActor(pykka.ThreadingActor):
         except Exception as err:  # the user's method raised: rolled back, reported
             outcome.error, outcome.value = MethodFailed(type(err).__name__, str(err)), None
         else:
-            if not changes.empty:
-                image = rt.database.image() if changes.schema_changed else None
-                txn = to_txn(rt.next_txid, changes, image, int(time.time() * 1000))
-                rt.next_txid += 1
-                try:
-                    rt.channel.commit(txn)
-                except BaseException as err:
-                    outcome.error, outcome.value = err, None
+            self._commit(changes, outcome)
         rt.channel.hold(outcome)
         rt.channel.note_progress()

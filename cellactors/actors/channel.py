@@ -51,13 +51,18 @@ class ReplicaChannel:
         #: before the answers it releases (metrics); set before the first commit.
         self.on_acked: Callable[[float], None] | None = None
         self._commit_times: dict[int, float] = {}
+        #: Per txid, what the runtime must do once that transaction is durable (the new
+        #: wake state of a transaction that set an alarm or sent a message).
+        self._effects: dict[int, Any] = {}
 
-    def commit(self, txn: Txn) -> None:
+    def commit(self, txn: Txn, effect: Any = None) -> None:
         with self._lock:
             if self.gate.failed is not None:
                 raise self.gate.failed
             self.gate.commit(txn.txid)
             self._unshipped.append(txn)
+            if effect is not None:
+                self._effects[txn.txid] = effect
             self._commit_times[txn.txid] = time.monotonic()
         if self.on_commit is not None:
             try:
@@ -90,6 +95,12 @@ class ReplicaChannel:
             out, self._unshipped = self._unshipped, []
             return out
 
+    def take_effects(self, upto: int) -> list[Any]:
+        """The effects of transactions up to ``upto``, in txid order (removed)."""
+        with self._lock:
+            done = sorted(t for t in self._effects if t <= upto)
+            return [self._effects.pop(t) for t in done]
+
     def ack(self, upto: int) -> None:
         with self._lock:
             ready = self.gate.ack(upto)
@@ -108,6 +119,7 @@ class ReplicaChannel:
             held = self.gate.fail(error)
             self._unshipped = []
             self._commit_times.clear()
+            self._effects.clear()
         for item in held:
             item.error, item.value = error, None
             item.release()

@@ -29,6 +29,37 @@ class Invoke:
     result_check: Callable[[Any], None] | None = None
     #: The node's key retention, applied by the write transactions of this call.
     retention: Retention = field(default_factory=Retention)
+    #: The cells waiting on this call, outermost first (calls between cells): a call from
+    #: it to any of them would deadlock and is refused (``CallCycle``).
+    chain: tuple[str, ...] = ()
+
+
+@dataclass
+class FireAlarm:
+    """Run ``on_alarm`` if the cell's alarm is due; ``reply`` gets ``"not_due"``,
+    ``"fired"``, ``"retry"`` or ``"abandoned"`` once that outcome is durable."""
+
+    reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
+    started: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class ReadWakes:
+    """Ask the cell for its :class:`~cellactors.core.alarms.WakeState` (at activation)."""
+
+
+@dataclass
+class ReadOutbox:
+    """Ask the cell for its undelivered outbox messages (oldest first) and its acked txid."""
+
+
+@dataclass
+class DropOutbox:
+    """Delete delivered outbox messages in a transaction of the sender; ``reply`` gets
+    None once that is durable."""
+
+    seqs: list[int]
+    reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
 
 
 @dataclass

@@ -148,6 +148,26 @@ class NodeMetrics:
             "expiry written by a drain.",
             registry=r,
         )
+        self.alarms = Counter(
+            "cellactors_alarm_runs",
+            "Runs of on_alarm on this node, by result: fired (committed), retry (raised, "
+            "rescheduled with backoff), abandoned (raised for the last allowed time).",
+            ["class", "result"],
+            registry=r,
+        )
+        self.wake_scans = Counter(
+            "cellactors_wake_scans",
+            "Scans of the bucket's due wake entries (one LIST each, plus one per further "
+            "page of due entries).",
+            registry=r,
+        )
+        self.outbox = Counter(
+            "cellactors_outbox_messages",
+            "Outbox messages this node delivered, by result: delivered, dropped (the target "
+            "refused it for good or its method raised), retried (not acknowledged yet).",
+            ["result"],
+            registry=r,
+        )
         r.register(_NodeCollector(bucket, sample))
 
     def call_done(self, cls_name: str, method: str, outcome: str) -> None:

@@ -20,14 +20,17 @@ from typing import Any
 import pykka
 
 from cellactors.actors import limits
+from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
-from cellactors.actors.messages import Invoke
+from cellactors.actors.messages import FireAlarm, Invoke, ReadWakes
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
+from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import acquire
+from cellactors.core import alarms as alarm_rules
 from cellactors.errors import (
     NOT_RUN,
     UNKNOWN,
@@ -35,7 +38,9 @@ from cellactors.errors import (
     AmbiguousWrite,
     BadRequest,
     BucketError,
+    CallCycle,
     CallError,
+    ConfigError,
     InvalidCellId,
     NodeUnavailable,
     NotDurable,
@@ -78,13 +83,24 @@ class NodeSettings:
     idempotency_window_s: float = calls.DEFAULT_WINDOW_S
     #: How many keys a cell remembers at most (the oldest are forgotten first).
     idempotency_max_keys: int = calls.DEFAULT_MAX_KEYS
+    #: Seconds between two scans of the bucket's due wake entries (one LIST request each
+    #: when nothing is due): an alarm of a cell no node hosts fires within this of its time.
+    alarm_scan_interval: float = 10.0
 
     def __post_init__(self) -> None:
         self.retention()  # refuse bad idempotency settings when the node is configured
+        if not self.alarm_scan_interval > 0:
+            raise ConfigError(f"alarm scan interval must be positive: {self.alarm_scan_interval}")
 
     def retention(self) -> calls.Retention:
         """The idempotency-key retention these settings describe."""
         return calls.Retention(self.idempotency_window_s, self.idempotency_max_keys)
+
+
+#: Sends a call to the live node that owns the cell (``cellactors serve`` installs a
+#: signed HTTP forwarder; in-process fleets may call the owner's ``Node`` directly):
+#: ``(owner, cls_name, name, method, kwargs, key, chain) -> result``.
+Forwarder = Callable[[RemoteOwner, str, str, str, dict[str, Any], str | None, tuple[str, ...]], Any]
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,11 @@ class Node:
         )
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)
+        self.alarms = AlarmDriver(self, self.settings.alarm_scan_interval)
+        self.outbox = OutboxWorkers(self)
+        #: How calls between cells reach a cell owned by another live node (None: they
+        #: fail with ``RemoteOwner``, ``not_run``).
+        self.forwarder: Forwarder | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -167,7 +188,17 @@ class Node:
             stale.unlink(missing_ok=True)
         self.status = "serving"
         self._reaper.start()
+        self.alarms.start()  # its first scan runs now: alarms of orphaned cells fire
         return self
+
+    def set_forwarder(self, forwarder: Forwarder | None) -> None:
+        """Install how calls between cells reach cells owned by live peers."""
+        self.forwarder = forwarder
+
+    def may_send(self) -> bool:
+        """Whether this node may still write to the bucket on its own initiative (wake
+        entry clean-up, scans): serving or draining, and within its lease deadline."""
+        return self.status in ("serving", "draining") and not self.deadline.passed()
 
     def register(self, cls: type[CellActor]) -> None:
         """Serve ``cls`` under its class name (checked for clashes with the runtime)."""
@@ -206,8 +237,13 @@ class Node:
         timeout: float | None = None,
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
+        chain: tuple[str, ...] = (),
     ) -> Any:
         """Run ``method`` on cell ``cls_name:name``; returns once the result is durable.
+
+        ``chain`` lists the cells waiting on this call (a call between cells): if the
+        target is one of them the call is refused with
+        :class:`~cellactors.errors.CallCycle` (``not_run``) instead of deadlocking.
 
         ``key`` is the call's idempotency key: a call whose key the cell has recorded returns
         the recorded result without running again. ``result_check`` runs on the result inside
@@ -224,7 +260,7 @@ class Node:
         started = time.monotonic()
         try:
             result = self._call(
-                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check
+                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check, chain
             )
         except RemoteOwner:
             self.metrics.forwarded.labels(cls_label).inc()
@@ -253,6 +289,7 @@ class Node:
         timeout: float | None,
         key: str | None,
         result_check: Callable[[Any], None] | None,
+        chain: tuple[str, ...] = (),
     ) -> Any:
         """The body of :meth:`call`."""
         if self.status == "serving" and self.deadline.passed():
@@ -263,6 +300,14 @@ class Node:
         if method not in cls.exposed_methods():
             raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         cell_id = keys.make_cell_id(cls_name, name)
+        chain = tuple(chain)
+        if alarm_rules.cycle_in(chain, cell_id):
+            raise CallCycle(
+                f"call cycle: {' -> '.join((*chain, cell_id))}; {cell_id} is waiting on this "
+                "call already, so it would deadlock"
+            )
+        if len(chain) >= alarm_rules.MAX_CHAIN:
+            raise BadRequest(f"call chain longer than {alarm_rules.MAX_CHAIN} cells")
         kwargs = dict(kwargs or {})
         check_serializable([list(args), kwargs], "arguments")
         if key is not None and not calls.valid_key(key):
@@ -281,6 +326,7 @@ class Node:
                 key=key,
                 result_check=result_check,
                 retention=retention,
+                chain=chain,
             )
             try:
                 active.cell.tell(invoke)
@@ -298,7 +344,68 @@ class Node:
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
 
-    def _await(self, invoke: Invoke, active: Active, deadline: float) -> tuple[bool, Any]:
+    def call_cell(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        key: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> Any:
+        """A call from a cell (or the outbox) to any cell of the fleet: run here, or sent
+        to its live owner through :attr:`forwarder`. An answer proving the call ran nowhere
+        (stale route, owner unavailable) makes the node look the owner up once more."""
+        for attempt in (1, 2):
+            try:
+                return self.call(cls_name, name, method, kwargs, key=key, chain=chain)
+            except RemoteOwner as owner:
+                if self.forwarder is None:
+                    raise
+                try:
+                    return self.forwarder(owner, cls_name, name, method, kwargs, key, chain)
+                except (StaleRoute, NodeUnavailable):
+                    if attempt == 2:
+                        raise
+                    self.forget_route(cls_name, name)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def activate_here(self, cell_id: str) -> Active:
+        """Activate (or resume) a cell on this node through the ownership path, never
+        placing it elsewhere: :class:`StaleRoute` when a live peer owns it."""
+        cls_name = cell_id.split(":", 1)[0]
+        cls = self.classes.get(cls_name)
+        if cls is None:
+            raise UnknownCell(f"no cell class {cls_name!r} is served here")
+        return self._activate(cell_id, cls, True, self.settings.call_timeout)
+
+    def fire_alarm(self, cell_id: str) -> Any:
+        """Run the cell's alarm here if it is due (activating or resuming the cell);
+        returns the cell's answer (``fired``, ``retry``, ``abandoned``, ``not_due``) once
+        it is durable."""
+        deadline = time.monotonic() + self.settings.call_timeout
+        for _ in range(3):
+            active = self.activate_here(cell_id)
+            fire = FireAlarm()
+            try:
+                active.cell.tell(fire)
+            except pykka.ActorDeadError:
+                continue
+            delivered, result = self._await(fire, active, deadline)
+            if delivered:
+                return result
+        raise ActivationFailed(f"{cell_id} kept moving while its alarm was due")
+
+    def routed_elsewhere(self, cell_id: str) -> bool:
+        """A live peer owned the cell when this node last looked (a cached route)."""
+        with self._lock:
+            route = self._routes.get(cell_id)
+        return route is not None and route[1] > time.monotonic()
+
+    def _await(
+        self, invoke: Invoke | FireAlarm, active: Active, deadline: float
+    ) -> tuple[bool, Any]:
         """Wait for the held answer. Returns (False, None) when the cell actor stopped
         without ever starting the call (a stop raced the send), so it can be routed again."""
         while True:
@@ -350,6 +457,8 @@ class Node:
             self.settings.op_deadline,
             self.settings.snapshots,
             on_acked=self.metrics.ack_latency.observe,
+            services=self,
+            sink=lambda epoch: self.alarms.sink(cell_id, epoch),
         )
         host.ownership = own
         proxy = own.proxy()
@@ -373,6 +482,7 @@ class Node:
             self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             if self.status in ("fenced", "stopped"):  # a draining node releases it below
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
+            self._opened(host.active)
         except BaseException as err:
             host.error = (
                 err
@@ -384,6 +494,7 @@ class Node:
             with self._lock:
                 if self._hosts.get(cell_id) is host:
                     del self._hosts[cell_id]
+            self.alarms.released(cell_id)  # hosted nowhere here: scans treat it as such
             try:
                 if host.active is not None:
                     proxy.abandon(host.error).get()
@@ -396,6 +507,19 @@ class Node:
                 self._routes.pop(cell_id, None)
         finally:
             host.ready.set()
+
+    def _opened(self, active: Active) -> None:
+        """A cell opened here: mirror its wake entries, schedule its alarm, wake its
+        outbox. Before its first call: a failure fails the activation."""
+        cell_id = active.runtime.cell_id
+        state: alarm_rules.WakeState = active.cell.ask(
+            ReadWakes(), block=True, timeout=self.settings.op_deadline
+        )
+        self.alarms.activated(
+            cell_id, active.epoch, state, resumed=active.restored_from == "hibernated"
+        )
+        if state.outbox:
+            self.outbox.kick(cell_id)
 
     def _wake(self, proxy: Any, cell_id: str) -> Active | None:
         """Resume ``cell_id`` if it hibernates here (no bucket request). None when it does not,
@@ -441,6 +565,7 @@ class Node:
                 if self._hosts.get(host.cell_id) is host:
                     del self._hosts[host.cell_id]
                 self._local.pop(host.cell_id, None)
+            self.alarms.released(host.cell_id)
             if host.ownership is not None:
                 try:
                     host.ownership.proxy().abandon(error).get(timeout=self.settings.op_deadline)
@@ -473,6 +598,8 @@ class Node:
         try:
             last_used = host.active.runtime.last_used
             local = self._release(host, keep_ownership=hibernate)
+            if local is None or not hibernate:
+                self.alarms.released(cell_id)
             if local is not None:
                 with self._lock:
                     if not hibernate:
@@ -491,6 +618,8 @@ class Node:
 
     def _release(self, host: CellHost, keep_ownership: bool = False) -> LocalCopy | None:
         assert host.ownership is not None
+        if not keep_ownership:
+            self.alarms.released(host.cell_id)
         try:
             local: LocalCopy | None = (
                 host.ownership.proxy()
@@ -509,6 +638,7 @@ class Node:
             if dormant is None:
                 return
             done = self._closing[cell_id] = threading.Event()
+        self.alarms.released(cell_id)
         copy = dormant.copy
         try:
             released = self.ownership.release_owner(cell_id, copy.epoch)
@@ -570,6 +700,8 @@ class Node:
             self._hosts.clear()
             self._dormant.clear()  # their files are never reused: nothing vouches for them now
         log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
+        self.alarms.stop()
+        self.outbox.stop()
         try:
             self.lease.proxy().pause()  # a fenced node writes nothing more, not even its lease
         except pykka.ActorDeadError:
@@ -598,6 +730,8 @@ class Node:
                 return
             self.status = "draining"
         self._reaper_stop.set()
+        self.alarms.stop()  # the entries stay in the bucket: peers' scans find them
+        self.outbox.stop()
         # Activations already under way finish first, so that their cells are released too.
         with self._lock:
             pending = [h for h in self._hosts.values() if not h.ready.is_set()]
@@ -643,6 +777,8 @@ class Node:
         if self.status in ("serving", "starting"):
             self.drain()
         self._reaper_stop.set()
+        self.alarms.stop()
+        self.outbox.stop()
         try:
             # A fenced node does not wait for a lease request that may hang: it writes nothing
             # more anyway, and its process must exit promptly.

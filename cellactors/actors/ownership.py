@@ -19,7 +19,7 @@ import pykka
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, Open
-from cellactors.actors.replicator import Replicator, owner_still
+from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.core import acquire as acq
 from cellactors.errors import (
@@ -89,8 +89,12 @@ class OwnershipActor(pykka.ThreadingActor):
         deadline_s: float,
         snapshots: SnapshotPolicy,
         on_acked: Callable[[float], None] | None = None,
+        services: Any = None,
+        sink: Callable[[int], EffectSink] | None = None,
     ) -> None:
         super().__init__()
+        self.services = services  # what the cell asks of its node (calls to other cells)
+        self.sink = sink  # per epoch: the wake entries and outbox around acknowledgements
         self.on_acked = on_acked  # each transaction's commit-to-ack time (metrics)
         self.cell_id = cell_id
         self.cls = cls
@@ -208,6 +212,7 @@ class OwnershipActor(pykka.ThreadingActor):
             database=database,
             channel=channel,
             next_txid=last_txid + 1,
+            services=self.services,
         )
         worker = SnapshotWorker(self.cell_id, epoch, self.bucket, lambda: self._owns(epoch))
         replicator = Replicator.start(
@@ -221,6 +226,7 @@ class OwnershipActor(pykka.ThreadingActor):
             self.snapshots,
             chain,
             worker,
+            self.sink(epoch) if self.sink is not None else None,
         )
         channel.on_commit = lambda: replicator.tell(Kick())
         cell = self.cls.start()

@@ -14,7 +14,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import pykka
 
@@ -34,6 +34,18 @@ __all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
 _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
+
+
+class EffectSink(Protocol):
+    """What happens around the acknowledgement of transactions that carry effects (a new
+    wake state): ``before_ack`` once they are proven durable and before any answer is
+    released (writes the wake entries they need; a store error is retried until the
+    deadline, then the answers fail as for an upload); ``after_ack`` once released
+    (deletes entries no longer needed, wakes the outbox)."""
+
+    def before_ack(self, effects: list[Any]) -> None: ...
+
+    def after_ack(self, effects: list[Any]) -> None: ...
 
 
 def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoch: int) -> bool:
@@ -58,6 +70,7 @@ class Replicator(pykka.ThreadingActor):
         snapshots: SnapshotPolicy | None = None,
         chain: ChainState | None = None,
         worker: SnapshotWorker | None = None,
+        sink: EffectSink | None = None,
     ) -> None:
         super().__init__()
         self.cell_id = cell_id
@@ -73,6 +86,7 @@ class Replicator(pykka.ThreadingActor):
         self.worker = worker or SnapshotWorker(cell_id, epoch, bucket, self.owns)
         self._pending_snapshot: tuple[int, bytes] | None = None
         self.linger_s = 0.005
+        self.sink = sink
 
     def on_receive(self, message: Any) -> Any:
         try:
@@ -100,14 +114,24 @@ class Replicator(pykka.ThreadingActor):
         txns = self.channel.take()
         if not txns:
             return
+        effects = self.channel.take_effects(txns[-1].txid)
         try:
-            size = self._upload(txns)
+            deadline = time.monotonic() + self.deadline_s
+            size = self._upload(txns, deadline)
+            if effects and self.sink is not None:
+                sink = self.sink
+                self._retry(lambda: sink.before_ack(effects), deadline, "wake entry")
         except NotDurable as err:
             log.warning("cell %s epoch %d: %s", self.cell_id, self.epoch, err)
             self.channel.fail(err)
             self.report_failure(err)
             return
         self.channel.ack(txns[-1].txid)
+        if effects and self.sink is not None:
+            try:
+                self.sink.after_ack(effects)
+            except Exception:  # only clean-up and wake-ups: a stale entry is harmless
+                log.exception("after-acknowledgement work of %s failed", self.cell_id)
         self.chain.since_txids += len(txns)
         self.chain.since_bytes += size
         self._maybe_snapshot()
@@ -122,8 +146,7 @@ class Replicator(pykka.ThreadingActor):
         while cast("queue.Queue[Any]", cell.actor_inbox).qsize() > 0 and time.monotonic() < until:
             self.channel.wait_progress(until - time.monotonic())
 
-    def _upload(self, txns: list[Txn]) -> int:
-        deadline = time.monotonic() + self.deadline_s
+    def _upload(self, txns: list[Txn], deadline: float) -> int:
         batch = Batch(self.cell_id, self.epoch, txns)
         body = encode_batch(batch)
         key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)

@@ -294,6 +294,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "below --idle-timeout).",
 )
 @_option(
+    "--alarm-scan-interval",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    metavar="SECONDS",
+    help="Seconds between scans of the bucket for due alarms of cells no node hosts (one "
+    "LIST request each when nothing is due).",
+)
+@_option(
     "--snapshot-every",
     default=1000,
     show_default=True,
@@ -336,6 +345,7 @@ def serve(
     max_resident_cells: int,
     idle_timeout: float,
     hibernate_after: float,
+    alarm_scan_interval: float,
     snapshot_every: int,
     max_body_bytes: int,
     log_level: str,
@@ -366,6 +376,7 @@ def serve(
         max_clock_skew=max_clock_skew,
         idle_timeout=idle_timeout,
         hibernate_timeout=hibernate_after,
+        alarm_scan_interval=alarm_scan_interval,
         snapshots=SnapshotPolicy(every_txids=snapshot_every),
         max_resident_cells=max_resident_cells,
         advertise=str(listeners.advertise),

@@ -9,11 +9,12 @@ runtime's own tables (:mod:`cellactors.persistence.calls`), with a clear error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -21,7 +22,8 @@ import sqlite_utils
 
 from cellactors.persistence import capture
 from cellactors.persistence.batches import Txn
-from cellactors.persistence.calls import CALLS_SQL, CALLS_TABLE, RESERVED_PREFIX, CallLog
+from cellactors.persistence.calls import RESERVED_PREFIX, CallLog
+from cellactors.persistence.runtime_tables import RUNTIME_SQL, RuntimeTables
 
 T = TypeVar("T")
 
@@ -51,7 +53,7 @@ _ON_TABLE = {
 }
 # Actions whose first argument names a new object: the runtime's prefix is reserved.
 _CREATES = {1, 2, 3, 4, 5, 6, 7, 8}
-_RUNTIME_TABLES = frozenset({CALLS_TABLE})
+_RUNTIME_TABLES = frozenset(RUNTIME_SQL)
 
 
 def _allow_all(*_args: object) -> int:
@@ -98,7 +100,9 @@ class CellDatabase:
         # database, which would look like a schema change; every supported SQLite has it.
         self.db._supports_on_conflict = True
         self._refusal: str | None = None
+        self._runtime_writing = False
         self.calls = CallLog(self.conn)
+        self.tables = RuntimeTables(self.conn)
         self._after_change()
 
     def _connect(self) -> CellConnection:
@@ -119,7 +123,19 @@ class CellDatabase:
         self.schema = capture.schema_version(self.conn)
         self.sequence = capture.read_sequence(self.conn)
 
+    @contextlib.contextmanager
+    def runtime_writes(self) -> Iterator[RuntimeTables]:
+        """The runtime's own writes (alarm, outbox) from inside a user call: the authorizer
+        lets them through. They run in the cell's thread, with no user code in between."""
+        self._runtime_writing = True
+        try:
+            yield self.tables
+        finally:
+            self._runtime_writing = False
+
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_rest: object) -> int:
+        if self._runtime_writing:
+            return sqlite3.SQLITE_OK
         reason = _DENIED.get(action)
         if reason is None:
             reason = _runtime_refusal(action, arg1, arg2)
@@ -260,7 +276,7 @@ def _check_reserved(conn: sqlite3.Connection) -> None:
         (len(RESERVED_PREFIX), RESERVED_PREFIX),
     ).fetchall()
     for kind, name, sql in found:
-        ours = (kind == "table" and name == CALLS_TABLE and sql == CALLS_SQL) or (
+        ours = (kind == "table" and RUNTIME_SQL.get(str(name)) == sql) or (
             kind == "index" and sql is None and str(name).startswith("sqlite_autoindex_")
         )
         if not ours:

@@ -30,7 +30,8 @@ OUTCOMES = (OK, ABSENT, REJECTED, AMBIGUOUS, ERROR)
 
 
 def key_kind(key: str) -> str:
-    """A coarse class of key: own, lease, batch, seal, snapshot, peer-auth, probe, other."""
+    """A coarse class of key: own, lease, batch, seal, snapshot, peer-auth, probe, wake,
+    other."""
     if key.endswith("/own.json"):
         return "own"
     if key.startswith("nodes/"):
@@ -45,6 +46,8 @@ def key_kind(key: str) -> str:
         return "peer-auth"
     if key.startswith("probe/"):
         return "probe"
+    if key.startswith("wake/"):
+        return "wake"
     return "other"
 
 

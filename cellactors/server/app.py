@@ -55,6 +55,7 @@ from cellactors.errors import (
 )
 from cellactors.persistence import keys
 from cellactors.server import codec, fleet_page, signing
+from cellactors.server.peer_calls import CHAIN_HEADER, decode_chain
 
 log = logging.getLogger("cellactors.server")
 
@@ -86,6 +87,7 @@ class NodeLike(Protocol):
         timeout: float = 30.0,
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
+        chain: tuple[str, ...] = (),
     ) -> Any: ...
 
     def may_answer(self) -> bool: ...
@@ -569,8 +571,9 @@ class _InternalCore(_Core):
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
             self.check_target(cls_name, name, method)
             kwargs = codec.decode_kwargs(body, encoding)
+            chain = decode_chain(request.headers.get(CHAIN_HEADER))  # a call between cells
             _hand_over(request)
-            result = await self.run(self._call, cls_name, name, method, kwargs, key, check)
+            result = await self.run(self._call, cls_name, name, method, kwargs, key, check, chain)
         except ClientDisconnect:
             raise  # the answer guard logs it; nobody is left to answer
         except RemoteOwner as e:
@@ -594,6 +597,7 @@ class _InternalCore(_Core):
         kwargs: dict[str, Any],
         key: str | None,
         check: codec.ResultCheck,
+        chain: tuple[str, ...] = (),
     ) -> Any:
         return self.node.call(
             cls_name,
@@ -604,6 +608,7 @@ class _InternalCore(_Core):
             timeout=self.settings.call_timeout,
             key=key,
             result_check=check,
+            **({"chain": chain} if chain else {}),  # only calls between cells carry one
         )
 
     async def state(self, request: Request) -> Response:

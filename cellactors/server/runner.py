@@ -31,6 +31,7 @@ from cellactors.server.app import (
     build_internal_app,
     build_public_app,
 )
+from cellactors.server.peer_calls import PeerCaller
 
 log = logging.getLogger("cellactors.server")
 
@@ -117,6 +118,16 @@ class Runner:
         self.settings = settings or ServerSettings()
         self.fence = fence or FenceLatch()
         self.fence_stream = fence_stream
+        install = getattr(node, "set_forwarder", None)
+        if install is not None:  # calls between cells reach other nodes' cells signed
+            install(
+                PeerCaller(
+                    node.node_id,
+                    fleet_key,
+                    self.settings.forward_timeout,
+                    self.settings.forward_connect_timeout,
+                )
+            )
         self.public_app = build_public_app(node, fleet_key, self.settings)
         self.internal_app = build_internal_app(node, fleet_key, self.settings)
         self._binds = {"public": public, "internal": internal}

@@ -1,0 +1,222 @@
+"""Durable alarms on in-process nodes against a real SeaweedFS: wake entries written after
+the acknowledgement and before the answer, deleted once consumed; alarms firing on active,
+hibernated, released and orphaned cells; backoff and abandonment; an idle node's exact
+request budget."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from cellactors import Node, NodeSettings
+from cellactors.errors import MethodFailed
+from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.wakes import parse_wake_key
+from tests.alarm_cells import Flaky, Hop, Inbox, Reminder
+from tests.runtime_helpers import TTL, crash, eventually
+
+SCAN = 0.3
+CLASSES = [Reminder, Flaky, Hop, Inbox]
+
+
+def alarm_node(bucket: S3Bucket, node_id: str, **kw: Any) -> Node:
+    kw.setdefault("alarm_scan_interval", SCAN)
+    settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:1{len(node_id)}", **kw)
+    return Node(bucket, node_id, CLASSES, settings).start()
+
+
+def wakes(bucket: S3Bucket) -> list[tuple[str, int]]:
+    """(cell id, due ms) of every wake entry in the bucket."""
+    found = []
+    for info in bucket.list("wake/"):
+        parsed = parse_wake_key(info.key)
+        assert parsed is not None, info.key
+        found.append((parsed[0], parsed[1].at_ms))
+    return found
+
+
+def delta(node: Node, before: Counter[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    after = node.bucket.snapshot()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def owner(bucket: S3Bucket, cell_id: str) -> tuple[str, int]:
+    record = OwnershipStore(bucket, "reader").read_owner(cell_id)
+    assert record is not None
+    return record.node, record.epoch
+
+
+def test_alarm_fires_and_its_wake_entry_lives_from_ack_to_consumption(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = alarm_node(sw_bucket, "n1", alarm_scan_interval=60)
+    try:
+        cell = node.cell(Reminder, "a")
+        cell.fired()  # activated (its tables created) before counting
+        before = node.bucket.snapshot()
+        at = cell.remind(delay=1.0)
+        # One batch, one re-read, and the wake entry, written before the answer.
+        assert delta(node, before) == {("put", "batch"): 1, ("get", "own"): 1, ("put", "wake"): 1}
+        assert wakes(sw_bucket) == [("Reminder:a", int(at * 1000))]
+        assert cell.alarm() == pytest.approx(at, abs=0.001)
+        assert cell.fired() == []
+        fired = eventually(lambda: cell.fired() or False, timeout=10)
+        assert len(fired) == 1 and at <= fired[0] < at + 2.0
+        assert cell.alarm() is None
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)  # consumed, then deleted
+        assert node.metrics.alarms.labels("Reminder", "fired")._value.get() == 1
+    finally:
+        node.stop()
+
+
+def test_replacing_or_deleting_an_alarm_moves_its_wake_entry(sw_bucket: S3Bucket) -> None:
+    node = alarm_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Reminder, "a")
+        cell.remind(delay=100)
+        at = cell.remind(delay=200)
+        eventually(lambda: wakes(sw_bucket) == [("Reminder:a", int(at * 1000))], timeout=5)
+        cell.cancel()
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+        assert cell.alarm() is None
+    finally:
+        node.stop()
+
+
+def test_user_sql_may_read_but_not_write_the_runtime_tables(sw_bucket: S3Bucket) -> None:
+    node = alarm_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Reminder, "a")
+        cell.remind(delay=100)
+        for statement in (
+            "DELETE FROM _cellactors_alarm",
+            "UPDATE _cellactors_alarm SET at_ms = 0",
+            "DROP TABLE _cellactors_alarm",
+            "CREATE TABLE _cellactors_outbox (x)",
+        ):
+            with pytest.raises(MethodFailed, match="runtime"):
+                cell.sql(statement=statement)
+        assert cell.alarm() is not None
+    finally:
+        node.stop()
+
+
+def test_a_hibernated_cell_fires_on_time_without_a_new_epoch(sw_bucket: S3Bucket) -> None:
+    node = alarm_node(sw_bucket, "n1", alarm_scan_interval=60)
+    try:
+        cell = node.cell(Reminder, "a")
+        at = cell.remind(delay=1.0)
+        assert node.hibernate("Reminder:a") and node.hibernated_cells() == 1
+        eventually(lambda: node.metrics.alarms.labels("Reminder", "fired")._value.get() == 1)
+        fired = cell.fired()
+        assert len(fired) == 1 and at <= fired[0] < at + 1.5  # the timer heap, not a scan
+        assert owner(sw_bucket, "Reminder:a") == ("n1", 1)
+    finally:
+        node.stop()
+
+
+def test_a_released_cell_fires_from_a_scan_within_the_interval(sw_bucket: S3Bucket) -> None:
+    n1, n2 = alarm_node(sw_bucket, "n1"), alarm_node(sw_bucket, "n2")
+    try:
+        at = n1.cell(Reminder, "a").remind(delay=1.0)
+        assert n1.passivate("Reminder:a")
+        assert owner(sw_bucket, "Reminder:a") == ("", 1)  # hosted nowhere
+        node_of = {"n1": n1, "n2": n2}
+
+        def fired_somewhere() -> list[float] | bool:
+            name, epoch = owner(sw_bucket, "Reminder:a")
+            if not name or epoch < 2:
+                return False
+            return node_of[name].cell(Reminder, "a").fired() or False
+
+        fired = eventually(fired_somewhere, timeout=15)
+        assert len(fired) == 1 and at <= fired[0] < at + SCAN + 1.5
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+    finally:
+        n1.stop()
+        n2.stop()
+
+
+def test_an_alarm_of_a_crashed_owner_fires_once_on_another_node(sw_bucket: S3Bucket) -> None:
+    n1, n2 = alarm_node(sw_bucket, "n1"), alarm_node(sw_bucket, "n2")
+    try:
+        at = n1.cell(Reminder, "a").remind(delay=1.5)
+        crash(n1, sw_bucket)
+        eventually(lambda: n2.metrics.alarms.labels("Reminder", "fired")._value.get() == 1)
+        fired = n2.cell(Reminder, "a").fired()
+        assert len(fired) == 1 and at <= fired[0] < at + SCAN + 2.0
+        assert owner(sw_bucket, "Reminder:a")[0] == "n2"
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+    finally:
+        n1.stop()
+        n2.stop()
+
+
+def test_a_periodic_alarm_runs_on_one_node_of_three(sw_bucket: S3Bucket) -> None:
+    nodes = [alarm_node(sw_bucket, f"n{i}") for i in range(3)]
+    try:
+        nodes[0].cell(Reminder, "a").remind(delay=0.2, every=0.2)
+        eventually(lambda: len(nodes[0].cell(Reminder, "a").fired()) >= 8, timeout=20)
+        nodes[0].cell(Reminder, "a").cancel()
+        fired = nodes[0].cell(Reminder, "a").fired()
+        gaps = [b - a for a, b in itertools.pairwise(fired)]
+        assert min(gaps) >= 0.19  # never two runs of one alarm (each sets the next)
+        assert sum(n.metrics.alarms.labels("Reminder", "fired")._value.get() for n in nodes) == len(
+            fired
+        )
+        assert nodes[0].metrics.alarms.labels("Reminder", "fired")._value.get() == len(fired)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_a_failing_alarm_backs_off_and_is_abandoned(sw_bucket: S3Bucket) -> None:
+    node = alarm_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Flaky, "a")
+        started = time.time()
+        cell.arm(delay=0.1)
+        runs = node.metrics.alarms
+        eventually(lambda: runs.labels("Flaky", "abandoned")._value.get() == 1, timeout=15)
+        elapsed = time.time() - started
+        assert runs.labels("Flaky", "retry")._value.get() == 2  # failures 1 and 2 retried
+        assert runs.labels("Flaky", "fired")._value.get() == 0
+        assert elapsed >= 0.1 + 0.2 + 0.4  # backoff 0.2 s, then 0.4 s (the cap)
+        assert cell.alarm() is None
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+    finally:
+        node.stop()
+
+
+def _counts(node: Node) -> tuple[int, float, Counter[tuple[str, str]]]:
+    """(scans, lease renewals, requests sent) read consistently (nothing moved meanwhile)."""
+    while True:
+        scans, renewals = node.alarms.scans, node.metrics.lease_renewals._value.get()
+        sent = node.bucket.snapshot()
+        if (scans, renewals) == (node.alarms.scans, node.metrics.lease_renewals._value.get()):
+            time.sleep(0.05)  # a request counted as sent finishes before we look again
+            if sent == node.bucket.snapshot():
+                return scans, renewals, sent
+
+
+def test_an_idle_node_sends_lease_renewals_and_one_list_per_scan(sw_bucket: S3Bucket) -> None:
+    node = alarm_node(sw_bucket, "n1", alarm_scan_interval=0.4)
+    other = alarm_node(sw_bucket, "n2", alarm_scan_interval=60)
+    try:
+        other.cell(Reminder, "later").remind(delay=3600)  # a future entry: not due
+        scans0, renewals0, sent0 = _counts(node)
+        time.sleep(2.5)  # the interval being measured, not a synchronisation
+        scans1, renewals1, sent1 = _counts(node)
+        scans, renewals = scans1 - scans0, int(renewals1 - renewals0)
+        assert 4 <= scans <= 8
+        sent = {k: sent1[k] - sent0[k] for k in sent1 if sent1[k] != sent0[k]}
+        expected = {("list", "wake"): scans, ("put_cas", "lease"): renewals}
+        assert sent == {k: v for k, v in expected.items() if v}
+    finally:
+        node.stop()
+        other.stop()
