@@ -1,11 +1,12 @@
-"""Durable alarms on in-process nodes against a real SeaweedFS: wake entries written after
-the acknowledgement and before the answer, deleted once consumed; alarms firing on active,
+"""Durable alarms on in-process nodes against a real SeaweedFS: wake entries written before
+the batch that sets the alarm, deleted once consumed; alarms firing on active,
 hibernated, released and orphaned cells; backoff and abandonment; an idle node's exact
 request budget."""
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -13,12 +14,13 @@ from typing import Any
 import pytest
 
 from cellactors import Node, NodeSettings
-from cellactors.errors import MethodFailed
+from cellactors.errors import MethodFailed, NotDurable
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.persistence.wakes import parse_wake_key
 from tests.alarm_cells import Flaky, Hop, Inbox, Reminder
 from tests.runtime_helpers import TTL, crash, eventually
+from tests.test_runtime import CuttableBucket
 
 SCAN = 0.3
 CLASSES = [Reminder, Flaky, Hop, Inbox]
@@ -155,6 +157,59 @@ def test_an_alarm_of_a_crashed_owner_fires_once_on_another_node(sw_bucket: S3Buc
     finally:
         n1.stop()
         n2.stop()
+
+
+class CrashAfterBatch(CuttableBucket):
+    """When ``armed``, the next batch PUT lands and then never answers, like a node killed
+    right after its batch reached the store (the test fences the node meanwhile)."""
+
+    def __init__(self, inner: S3Bucket) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.landed = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        result = self.inner.put(key, body)
+        if self.armed and key.endswith(".batch"):
+            self.armed = False
+            self.landed.set()
+            self.release.wait(30)
+        return result
+
+
+def test_an_alarm_durable_when_its_owner_died_has_its_wake_entry(sw_bucket: S3Bucket) -> None:
+    """The wake entry is written before the batch: an owner killed the moment its batch
+    landed (no answer, nothing after) leaves a durable alarm that still fires elsewhere."""
+    store = CrashAfterBatch(sw_bucket)
+    n1, n2 = alarm_node(store, "n1"), alarm_node(sw_bucket, "n2")
+    answers: list[object] = []
+    try:
+        cell = n1.cell(Reminder, "a")
+        cell.fired()  # activated first: the batch that lands is the one that sets the alarm
+        store.armed = True
+        caller = threading.Thread(target=lambda: answers.append(_outcome(cell, 1.0)))
+        caller.start()
+        assert store.landed.wait(10)
+        assert [c for c, _at in wakes(sw_bucket)] == ["Reminder:a"]  # already there
+        crash(n1, sw_bucket)
+        store.release.set()
+        caller.join(10)
+        assert len(answers) == 1 and isinstance(answers[0], NotDurable)  # outcome unknown
+        eventually(lambda: n2.metrics.alarms.labels("Reminder", "fired")._value.get() == 1)
+        assert len(n2.cell(Reminder, "a").fired()) == 1
+        assert owner(sw_bucket, "Reminder:a")[0] == "n2"
+    finally:
+        store.release.set()
+        n1.stop()
+        n2.stop()
+
+
+def _outcome(cell: Any, delay: float) -> object:
+    try:
+        return cell.remind(delay=delay)
+    except NotDurable as err:
+        return err
 
 
 def test_a_periodic_alarm_runs_on_one_node_of_three(sw_bucket: S3Bucket) -> None:

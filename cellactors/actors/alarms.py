@@ -3,8 +3,9 @@
 - **Mirrors.** For every cell hosted here (active or hibernated) the driver knows the wake
   entries that exist for it in the bucket. At activation it writes the entries the
   restored state needs; a transaction that changed the alarm or the outbox writes the new
-  ones once it is durable and before its answer is released (:meth:`CellSink.before_ack`)
-  and deletes the old ones after (:meth:`CellSink.after_ack`). A release forgets the
+  ones before its batch is uploaded (:meth:`CellSink.before_upload`: a batch that never
+  lands leaves a stale entry, one spurious wake; a durable alarm never lacks its entry)
+  and deletes the old ones once it is acknowledged (:meth:`CellSink.after_ack`). A release forgets the
   mirror and leaves the entries in the bucket, for whichever node wakes the cell next.
 - **Timer heap.** The alarms of hosted cells fire from :class:`~cellactors.core.alarms.
   Schedule`, precisely, whether the cell is active or hibernated.
@@ -62,7 +63,7 @@ class CellSink:
         self.epoch = epoch
         self._remove: frozenset[Wake] = frozenset()
 
-    def before_ack(self, effects: list[Any]) -> None:
+    def before_upload(self, effects: list[Any]) -> None:
         state: WakeState = effects[-1]
         mirror = self.driver.mirror_for(self.cell_id, self.epoch)
         with mirror.lock:

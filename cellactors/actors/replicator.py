@@ -37,13 +37,14 @@ _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_pr
 
 
 class EffectSink(Protocol):
-    """What happens around the acknowledgement of transactions that carry effects (a new
-    wake state): ``before_ack`` once they are proven durable and before any answer is
-    released (writes the wake entries they need; a store error is retried until the
-    deadline, then the answers fail as for an upload); ``after_ack`` once released
-    (deletes entries no longer needed, wakes the outbox)."""
+    """What happens around the shipping of transactions that carry effects (a new wake
+    state): ``before_upload`` before their batch is uploaded (writes the wake entries they
+    need, so that no durable alarm is ever without one: if the batch never lands, the entry
+    is stale and costs one spurious wake; a store error is retried until the deadline, then
+    the answers fail as for an upload); ``after_ack`` once they are acknowledged and the
+    answers released (deletes entries no longer needed, wakes the outbox)."""
 
-    def before_ack(self, effects: list[Any]) -> None: ...
+    def before_upload(self, effects: list[Any]) -> None: ...
 
     def after_ack(self, effects: list[Any]) -> None: ...
 
@@ -117,10 +118,10 @@ class Replicator(pykka.ThreadingActor):
         effects = self.channel.take_effects(txns[-1].txid)
         try:
             deadline = time.monotonic() + self.deadline_s
-            size = self._upload(txns, deadline)
             if effects and self.sink is not None:
                 sink = self.sink
-                self._retry(lambda: sink.before_ack(effects), deadline, "wake entry")
+                self._retry(lambda: sink.before_upload(effects), deadline, "wake entry")
+            size = self._upload(txns, deadline)
         except NotDurable as err:
             log.warning("cell %s epoch %d: %s", self.cell_id, self.epoch, err)
             self.channel.fail(err)
