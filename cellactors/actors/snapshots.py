@@ -2,10 +2,11 @@
 
 A snapshot bounds the next restore; the collection that follows deletes what a snapshot
 covers once that snapshot is older than the retention period (so the change feed and
-point-in-time restores reach back that far). Both run only while the activation owns the cell: the collection reads ``own.json``
-fresh before deleting anything, and release waits for the work (bounded) and cancels what is
-left *before* ``own.json`` is released, so a deposed owner's collection can never delete what
-a later restore needs. After a fence the node's write gate refuses whatever is still queued.
+point-in-time restores reach back that far). Both run only while the activation owns the
+cell: the collection reads ``own.json`` fresh before deleting anything, and release waits
+for the work (bounded) and cancels what is left *before* ``own.json`` is released, so a
+deposed owner's collection can never delete what a later restore needs. After a fence the
+node's write gate refuses whatever is still queued.
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def _envvar(name: str) -> str:
     return ENV_PREFIX + name.upper().replace("-", "_")
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType):  # type: ignore[type-arg]
     """A duration in seconds, written as a number with an optional unit: s, m, h or d."""
 
     name = "duration"

@@ -1,9 +1,9 @@
 """The change feed's records (docs/feed.md): one :class:`Change` per acknowledged
 transaction, with a :class:`RowChange` per row written or deleted.
 
-Plain data with their wire form, shared by the bucket reader
-(:mod:`cellactors.persistence.feed`), the HTTP route and the client, which must not pull in
-the runtime to decode them.
+Plain data with their wire form, and the error for history that was collected, shared by
+the bucket reader (:mod:`cellactors.persistence.feed`), point-in-time restore, the HTTP
+route and the client, which must not pull in the runtime to decode them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 from typing import Any
+
+from cellactors.errors import NOT_RUN, CallError
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,27 @@ class Change:
             rows=rows,
             schema_change=bool(value.get("schema_change", False)),
         )
+
+
+class HistoryCollected(CallError):
+    """The history asked for was garbage-collected (it is older than the retention period):
+    ``oldest_txid`` is the first txid the bucket still holds in batches, ``snapshot_txid``
+    the snapshot to start from (restore it, then read the feed after it), if any. Not run:
+    nothing changed."""
+
+    status = 410
+    code = "history_collected"
+    outcome = NOT_RUN
+    requested: int = 0
+    oldest_txid: int = 0
+    snapshot_txid: int | None = None
+    snapshot_epoch: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **super().to_dict(),
+            "requested": self.requested,
+            "oldest_txid": self.oldest_txid,
+            "snapshot_txid": self.snapshot_txid,
+            "snapshot_epoch": self.snapshot_epoch,
+        }

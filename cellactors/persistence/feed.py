@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cellactors.core import feed_plan, restore_plan
-from cellactors.core.changes import Change, RowChange
+from cellactors.core.changes import Change, HistoryCollected, RowChange
 from cellactors.errors import BucketError, CellactorsError
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, decode_batch
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import HistoryCollected, collected_error, read_seal
+from cellactors.persistence.restore import collected_error, read_seal
 
 __all__ = [
     "Change",
@@ -33,7 +33,8 @@ __all__ = [
     "FeedPage",
     "HistoryCollected",
     "RowChange",
-    "follow",
+    "changes",
+    "follow_changes",
     "read_changes",
 ]
 
@@ -187,7 +188,7 @@ def read_changes(
     return FeedReader(bucket, cell_id).read(after, limit)
 
 
-def follow(
+def follow_changes(
     bucket: Bucket,
     cell_id: str,
     after: int = 0,
@@ -223,3 +224,21 @@ def follow(
                 return
         else:
             time.sleep(pause)
+
+
+def changes(
+    bucket: Bucket,
+    cell_id: str,
+    after: int = 0,
+    *,
+    follow: bool = False,
+    wait: float | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    stop: threading.Event | None = None,
+) -> Iterator[Change]:
+    """The feed as an iterator: what the bucket holds after ``after`` and, with ``follow``,
+    every later transaction as it is acknowledged (for ``wait`` seconds, None: until
+    ``stop`` is set)."""
+    if not follow:
+        return iter(read_changes(bucket, cell_id, after).changes)
+    return follow_changes(bucket, cell_id, after, poll_interval=poll_interval, wait=wait, stop=stop)

@@ -18,7 +18,8 @@ from typing import Any
 import msgpack
 
 from cellactors.core import feed_plan, restore_plan, retention
-from cellactors.errors import NOT_RUN, AmbiguousWrite, BucketError, CallError, CellactorsError
+from cellactors.core.changes import HistoryCollected
+from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
 from cellactors.persistence.batches import Batch, decode_batch
 from cellactors.persistence.bucket import Absent, Applied, Bucket
@@ -27,30 +28,6 @@ from cellactors.persistence.celldb import CellDatabase
 SNAPSHOT_VERSION = 1
 
 log = logging.getLogger(__name__)
-
-
-class HistoryCollected(CallError):
-    """The history asked for was garbage-collected (it is older than the retention period):
-    ``oldest_txid`` is the first txid the bucket still holds in batches, ``snapshot_txid``
-    the snapshot to start from (restore it, then read the feed after it), if any. Not run:
-    nothing changed."""
-
-    status = 410
-    code = "history_collected"
-    outcome = NOT_RUN
-    requested: int = 0
-    oldest_txid: int = 0
-    snapshot_txid: int | None = None
-    snapshot_epoch: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            **super().to_dict(),
-            "requested": self.requested,
-            "oldest_txid": self.oldest_txid,
-            "snapshot_txid": self.snapshot_txid,
-            "snapshot_epoch": self.snapshot_epoch,
-        }
 
 
 class SealLost(CellactorsError):
