@@ -277,6 +277,11 @@ def collected_error(cell_id: str, found: feed_plan.Collected) -> HistoryCollecte
     return err
 
 
+#: Stores report upload times in whole seconds (S3 listings): a snapshot counts as uploaded
+#: before a point in time only when its time plus this much is not after it.
+STORE_TIME_RESOLUTION_MS = 1000
+
+
 def _plan_point(
     listing: restore_plan.Listing,
     current: int,
@@ -325,7 +330,7 @@ def restore_at(
             for info in infos
             if at_ms is not None
             and info.key.startswith(root + "snap/")
-            and info.last_modified_ms > at_ms
+            and info.last_modified_ms + STORE_TIME_RESOLUTION_MS > at_ms
         )
 
         planner = functools.partial(_plan_point, target=target, excluded=later)
