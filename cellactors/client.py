@@ -37,12 +37,14 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
+import msgpack
 
+from cellactors.core.changes import Change, HistoryCollected
 from cellactors.errors import (
     NOT_RUN,
     OUTCOMES,
@@ -290,6 +292,62 @@ class Client:
         except CallError:
             return resp.text
 
+    def changes(
+        self,
+        cls_name: str,
+        name: str,
+        after: int = 0,
+        *,
+        follow: bool = False,
+        wait: float = 25.0,
+    ) -> Iterator[Change]:
+        """The cell's acknowledged transactions after txid ``after``, in txid order, from
+        ``GET /cells/{cls}/{name}/changes`` (any node serves it from the bucket).
+
+        Without ``follow`` the iterator ends once it has what the bucket holds now. With
+        ``follow`` it never ends: each request stays open ``wait`` seconds (below the
+        client's read timeout) and is renewed after the last txid seen, on the next URL when
+        a node fails. History that was collected raises
+        :class:`~cellactors.core.changes.HistoryCollected` (its ``oldest_txid`` and
+        ``snapshot_txid`` say where to start)."""
+        pos = after
+        failures = 0
+        start = next(self._start) % len(self.urls)
+        path = f"/cells/{_quote(cls_name)}/{_quote(name)}/changes"
+        accept = codec.CONTENT_TYPES[self.encoding]
+        while True:
+            base = self.urls[(start + failures) % len(self.urls)]
+            params = {"after": str(pos), "wait": str(wait if follow else 0)}
+            err: CallError | None = None
+            try:
+                with self._http.stream(
+                    "GET", base + path, params=params, headers={"Accept": accept}
+                ) as resp:
+                    if not resp.is_success:
+                        resp.read()
+                        raise _feed_error(resp.status_code, self._decode_error(resp))
+                    for record in _records(resp, self.encoding):
+                        if "error" in record:
+                            raise _feed_error(503, record)
+                        change = Change.from_wire(record)
+                        if change.txid <= pos:
+                            continue
+                        pos = change.txid
+                        failures = 0
+                        yield change
+            except _FeedRetry as retry:
+                err = retry.error
+            except httpx.HTTPError as e:
+                err = NodeUnavailable(f"{base}: the feed was cut off: {e!r}")
+            if err is None:
+                if not follow:
+                    return
+                continue
+            failures += 1
+            if failures >= self.max_attempts:
+                raise err
+            time.sleep(self._delay(failures, err))
+
     def close(self) -> None:
         """Close the underlying connection pool (if this client created it)."""
         if self._own_http:
@@ -300,6 +358,42 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _FeedRetry(Exception):
+    """A feed request failed in a way another try may not (``error`` says why)."""
+
+    def __init__(self, error: CallError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _feed_error(status: int, payload: Any) -> BaseException:
+    """The error a feed answer carries: transient ones are retried (on the next URL),
+    others raised as they are; ``history_collected`` keeps where to start from."""
+    if isinstance(payload, dict) and payload.get("error") == HistoryCollected.code:
+        collected = HistoryCollected(str(payload.get("message", "")))
+        for field in ("requested", "oldest_txid", "snapshot_txid", "snapshot_epoch"):
+            if field in payload:
+                setattr(collected, field, payload[field])
+        return collected
+    err = error_from_answer(status, payload)
+    if err.outcome == NOT_RUN and err.retryable:
+        return _FeedRetry(err)
+    return err
+
+
+def _records(resp: httpx.Response, encoding: codec.Encoding) -> Iterator[dict[str, Any]]:
+    """The records of a streamed feed answer as they arrive."""
+    if encoding == "msgpack":
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        for chunk in resp.iter_bytes():
+            unpacker.feed(chunk)
+            yield from unpacker
+        return
+    for line in resp.iter_lines():
+        if line.strip():
+            yield codec.decode(line.encode("utf-8"), "json")
 
 
 def _may_retry(err: CallError, key: str | None) -> bool:

@@ -58,4 +58,4 @@ def sw_bucket(seaweed: SeaweedServer) -> S3Bucket:
 
 
 # Fixture modules owned by separate areas of the suite.
-pytest_plugins = ["tests.fixtures_gcs"]
+pytest_plugins = ["tests.fixtures_gcs", "cellactors.testing"]

@@ -63,7 +63,7 @@ def two_epochs_with_snapshots(bucket: S3Bucket) -> tuple[list[ObjectInfo], dict[
     """Epoch 1 writes and snapshots; epoch 2 (another node) writes, snapshots and collects
     epoch 1 and its snapshot. Returns the listing as it stood before epoch 2's snapshot
     landed (epoch 1's objects and epoch 2's batches) and the acknowledged state."""
-    policy = SnapshotPolicy(every_txids=4)
+    policy = SnapshotPolicy(every_txids=4, retain_s=0)
     a = make_node(bucket, "na", snapshots=policy)
     try:
         for _ in range(6):

@@ -238,13 +238,13 @@ def test_passivation_reuses_provably_current_local_copy(sw_bucket: S3Bucket) -> 
 
 
 def test_snapshots_bound_restore_and_gc_only_covered_epochs(sw_bucket: S3Bucket) -> None:
-    a = make_node(sw_bucket, "na", snapshots=SnapshotPolicy(every_txids=5))
+    a = make_node(sw_bucket, "na", snapshots=SnapshotPolicy(every_txids=5, retain_s=0))
     try:
         ca = a.cell(Counter, "a")
         for _ in range(12):
             ca.increment("x")
         a.drain()
-        b = make_node(sw_bucket, "nb", snapshots=SnapshotPolicy(every_txids=5))
+        b = make_node(sw_bucket, "nb", snapshots=SnapshotPolicy(every_txids=5, retain_s=0))
         cb = b.cell(Counter, "a")
         for _ in range(12):
             cb.increment("x")

@@ -882,5 +882,20 @@ class Node:
             self.node_id, self.generation, self.status, resident, unacked, busy, hibernated
         )
 
+    # --- change feed: logic in cellactors.persistence.feed ------------------------------
+
+    def feed_reader(self, cell_id: str) -> Any:
+        """A reader of ``cell_id``'s change feed through this node's gated bucket."""
+        from cellactors.persistence.feed import FeedReader
+
+        return FeedReader(self.gate, cell_id)
+
+    def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Any:
+        """The cell's acknowledged transactions after ``after`` from the bucket
+        (:func:`cellactors.persistence.feed.changes`: ``follow``, ``wait``, ...)."""
+        from cellactors.persistence.feed import changes
+
+        return changes(self.gate, keys.make_cell_id(cls_name, name), after, **kw)
+
 
 __all__ = ["CellProxy", "Node", "NodeSettings"]

@@ -214,7 +214,9 @@ class OwnershipActor(pykka.ThreadingActor):
             next_txid=last_txid + 1,
             services=self.services,
         )
-        worker = SnapshotWorker(self.cell_id, epoch, self.bucket, lambda: self._owns(epoch))
+        worker = SnapshotWorker(
+            self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s
+        )
         replicator = Replicator.start(
             self.cell_id,
             epoch,

@@ -1,10 +1,12 @@
 """Snapshots and garbage collection of one activation: owner work.
 
-A snapshot bounds the next restore; the collection that follows deletes what the snapshot
-covers. Both run only while the activation owns the cell: the collection reads ``own.json``
-fresh before deleting anything, and release waits for the work (bounded) and cancels what is
-left *before* ``own.json`` is released, so a deposed owner's collection can never delete what
-a later restore needs. After a fence the node's write gate refuses whatever is still queued.
+A snapshot bounds the next restore; the collection that follows deletes what a snapshot
+covers once that snapshot is older than the retention period (so the change feed and
+point-in-time restores reach back that far). Both run only while the activation owns the
+cell: the collection reads ``own.json`` fresh before deleting anything, and release waits
+for the work (bounded) and cancels what is left *before* ``own.json`` is released, so a
+deposed owner's collection can never delete what a later restore needs. After a fence the
+node's write gate refuses whatever is still queued.
 """
 
 from __future__ import annotations
@@ -27,12 +29,24 @@ log = logging.getLogger(__name__)
 _background = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot")
 
 
+#: How long history covered by a snapshot stays in the bucket by default (7 days), so the
+#: change feed and point-in-time restore reach back that far.
+DEFAULT_RETAIN_S = 7 * 24 * 3600.0
+
+
 @dataclass
 class SnapshotPolicy:
-    """Write a snapshot when the chain since the last one is long (txids or bytes)."""
+    """Write a snapshot when the chain since the last one is long (txids or bytes); keep the
+    history a snapshot covers for ``retain_s`` seconds before collecting it (0: collect at
+    once, as soon as a newer snapshot covers it)."""
 
     every_txids: int = 1000
     every_bytes: int = 64 * 1024 * 1024
+    retain_s: float = DEFAULT_RETAIN_S
+
+    def __post_init__(self) -> None:
+        if self.retain_s < 0:
+            raise ValueError(f"retain_s must not be negative, not {self.retain_s}")
 
     def due(self, since_txids: int, since_bytes: int) -> bool:
         return since_txids >= self.every_txids or since_bytes >= self.every_bytes
@@ -52,8 +66,16 @@ class ChainState:
 class SnapshotWorker:
     """Runs one snapshot (upload, then collection) at a time for one activation."""
 
-    def __init__(self, cell_id: str, epoch: int, bucket: Bucket, owns: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        cell_id: str,
+        epoch: int,
+        bucket: Bucket,
+        owns: Callable[[], bool],
+        retain_s: float = DEFAULT_RETAIN_S,
+    ) -> None:
         self.cell_id = cell_id
+        self.retain_s = retain_s
         self.epoch = epoch
         self.bucket = bucket
         self.owns = owns
@@ -92,6 +114,7 @@ class SnapshotWorker:
                     txid,
                     owns=self.owns,
                     cancelled=self._cancelled.is_set,
+                    retain_s=self.retain_s,
                 )
                 log.debug(
                     "cell %s: snapshot at txid %d, %d objects collected",

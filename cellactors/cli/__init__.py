@@ -61,6 +61,7 @@ def main() -> None:
 
 def _register() -> None:
     from cellactors.cli import dev as _dev
+    from cellactors.cli import feed as _feed
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
@@ -71,6 +72,7 @@ def _register() -> None:
     main.add_command(_restore.restore)
     main.add_command(_status.status)
     main.add_command(_dev.dev)
+    main.add_command(_feed.feed)
 
 
 _register()

@@ -201,6 +201,26 @@ def _envvar(name: str) -> str:
     return ENV_PREFIX + name.upper().replace("-", "_")
 
 
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration in seconds, written as a number with an optional unit: s, m, h or d."""
+
+    name = "duration"
+    _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", str(value))
+        if not m:
+            self.fail(f"{value!r} is not a duration (e.g. 7d, 12h, 30m, 90s, 0)", param, ctx)
+        return float(m.group(1)) * self._UNITS[m.group(2)]
+
+
+DURATION = Duration()
+
+
 def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     """A click option whose environment variable is ``CELLACTORS_<FLAG>``."""
     kwargs.setdefault("envvar", _envvar(flag.lstrip("-")))
@@ -312,6 +332,16 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "(counted across activations); a snapshot bounds the next restore.",
 )
 @_option(
+    "--retention",
+    default="7d",
+    show_default=True,
+    type=DURATION,
+    metavar="DURATION",
+    help="Keep the history a snapshot covers this long before collecting it, so the change "
+    "feed and point-in-time restore reach back that far (e.g. 7d, 12h, 30m, 0 to collect at "
+    "once).",
+)
+@_option(
     "--max-body-bytes",
     default=1 << 20,
     show_default=True,
@@ -347,6 +377,7 @@ def serve(
     hibernate_after: float,
     alarm_scan_interval: float,
     snapshot_every: int,
+    retention: float,
     max_body_bytes: int,
     log_level: str,
     log_format: str,
@@ -377,7 +408,7 @@ def serve(
         idle_timeout=idle_timeout,
         hibernate_timeout=hibernate_after,
         alarm_scan_interval=alarm_scan_interval,
-        snapshots=SnapshotPolicy(every_txids=snapshot_every),
+        snapshots=SnapshotPolicy(every_txids=snapshot_every, retain_s=retention),
         max_resident_cells=max_resident_cells,
         advertise=str(listeners.advertise),
         data_dir=data_dir,

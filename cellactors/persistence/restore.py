@@ -8,6 +8,7 @@ fails the activation (the next one will find the seal).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from typing import Any
 
 import msgpack
 
-from cellactors.core import restore_plan
+from cellactors.core import feed_plan, restore_plan, retention
+from cellactors.core.changes import HistoryCollected
 from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
 from cellactors.persistence.batches import Batch, decode_batch
@@ -120,8 +122,18 @@ def _get(bucket: Bucket, key: str) -> bytes:
     return obj.body
 
 
+Planner = Callable[
+    [restore_plan.Listing, int, dict[int, int], set[str]],
+    "restore_plan.PlanResult | feed_plan.Collected",
+]
+
+
 def _plan_and_fetch(
-    bucket: Bucket, cell_id: str, epoch: int, listing: restore_plan.Listing
+    bucket: Bucket,
+    cell_id: str,
+    epoch: int,
+    listing: restore_plan.Listing,
+    planner: Planner = restore_plan.plan_restore,
 ) -> tuple[restore_plan.Plan, bytes | None, list[Batch]]:
     """Plan from one listing (reading the seals it asks for), then fetch the snapshot and
     every batch the plan reads, in parallel. Raises :class:`_Relist` when an object is gone
@@ -129,7 +141,9 @@ def _plan_and_fetch(
     seals: dict[int, int] = {}
     unusable: set[str] = set()
     while True:
-        planned = restore_plan.plan_restore(listing, epoch, seals, unusable)
+        planned = planner(listing, epoch, seals, unusable)
+        if isinstance(planned, feed_plan.Collected):
+            raise collected_error(cell_id, planned)
         if isinstance(planned, restore_plan.NeedSeal):
             value = read_seal(bucket, cell_id, planned.epoch)
             if value is None:
@@ -207,7 +221,11 @@ def restore(
 
 
 def _apply(
-    plan: restore_plan.Plan, image: bytes | None, batches: list[Batch], db: CellDatabase
+    plan: restore_plan.Plan,
+    image: bytes | None,
+    batches: list[Batch],
+    db: CellDatabase,
+    until_ms: int | None = None,
 ) -> RestoreResult:
     result = RestoreResult(last_txid=0)
     if plan.snapshot is not None and image is not None:
@@ -223,6 +241,8 @@ def _apply(
                 if result.last_txid < txn.txid <= step.upto:
                     if txn.txid != result.last_txid + 1:
                         raise BucketError(f"{ref.key}: txid {txn.txid} out of order")
+                    if until_ms is not None and txn.ts_ms > until_ms:
+                        return result  # the first transaction committed after the point
                     db.apply(txn)
                     result.last_txid = txn.txid
         if result.last_txid != step.upto:
@@ -230,6 +250,109 @@ def _apply(
                 f"epoch {step.epoch}: batches rebuilt txid {result.last_txid}, not {step.upto}"
             )
     return result
+
+
+class PointNotRestorable(CellactorsError):
+    """A point-in-time restore asked for a point the cell's history does not reach: after
+    its last transaction, or before its first."""
+
+
+def collected_error(cell_id: str, found: feed_plan.Collected) -> HistoryCollected:
+    """The error for history that garbage collection removed, naming where to start."""
+    snap = found.snapshot
+    where = (
+        f"; start from the snapshot at txid {snap.txid} (epoch {snap.epoch}, {snap.key}) "
+        f"and read on after txid {snap.txid}"
+        if snap is not None
+        else ""
+    )
+    err = HistoryCollected(
+        f"the history of {cell_id} after txid {found.requested} was collected: the oldest "
+        f"txid still available is {found.oldest_txid}{where}"
+    )
+    err.requested = found.requested
+    err.oldest_txid = found.oldest_txid
+    err.snapshot_txid = snap.txid if snap is not None else None
+    err.snapshot_epoch = snap.epoch if snap is not None else None
+    return err
+
+
+#: Stores report upload times in whole seconds (S3 listings): a snapshot counts as uploaded
+#: before a point in time only when its time plus this much is not after it.
+STORE_TIME_RESOLUTION_MS = 1000
+
+
+def _plan_point(
+    listing: restore_plan.Listing,
+    current: int,
+    seals: dict[int, int],
+    unusable: set[str],
+    *,
+    target: int,
+    excluded: frozenset[str],
+) -> restore_plan.PlanResult | feed_plan.Collected:
+    return feed_plan.plan_point(listing, current, seals, target, unusable, excluded)
+
+
+def restore_at(
+    bucket: Bucket,
+    cell_id: str,
+    epoch: int,
+    db: CellDatabase,
+    *,
+    txid: int | None = None,
+    at_ms: int | None = None,
+) -> RestoreResult:
+    """Read-only point-in-time restore: rebuild ``db`` (expected empty) exactly as the cell's
+    database was right after txid ``txid``, or after the last transaction committed at or
+    before ``at_ms`` (stopping before the first one stamped later), from the newest snapshot
+    at or below that point plus batches. ``epoch`` is the owner's epoch plus one. Writes
+    nothing to the bucket.
+
+    Raises :class:`HistoryCollected` when the point is older than what the bucket still holds
+    (retention), :class:`PointNotRestorable` when the history does not reach it, and
+    :class:`RestoreHole` as :func:`restore` does."""
+    if (txid is None) == (at_ms is None):
+        raise ValueError("give exactly one of txid and at_ms")
+    if txid is not None and txid < 0:
+        raise PointNotRestorable(f"txid {txid} is not a transaction id")
+    root = keys.cell_root(cell_id)
+    problem = ""
+    for attempt in range(MAX_LISTINGS):
+        if attempt:
+            log.info("restore of %s: %s; listing again", cell_id, problem)
+            time.sleep(0.1 * 2**attempt)
+        infos = list(bucket.list(root))
+        listing = restore_plan.parse_listing(root, [info.key for info in infos])
+        target = txid if txid is not None else 2**63
+        later = frozenset(
+            info.key
+            for info in infos
+            if at_ms is not None
+            and info.key.startswith(root + "snap/")
+            and info.last_modified_ms + STORE_TIME_RESOLUTION_MS > at_ms
+        )
+
+        planner = functools.partial(_plan_point, target=target, excluded=later)
+
+        try:
+            plan, image, batches = _plan_and_fetch(bucket, cell_id, epoch, listing, planner)
+        except _Relist as err:
+            problem = str(err)
+            continue
+        result = _apply(plan, image, batches, db, until_ms=at_ms)
+        if txid is not None and result.last_txid < txid:
+            raise PointNotRestorable(
+                f"{cell_id} has no txid {txid}: its history ends at txid {result.last_txid}"
+            )
+        if at_ms is not None and result.last_txid == 0:
+            raise PointNotRestorable(
+                f"{cell_id} has no transaction committed at or before the time asked for"
+            )
+        return result
+    raise RestoreHole(
+        f"restore of {cell_id} at epoch {epoch} failed after {MAX_LISTINGS} listings: {problem}"
+    )
 
 
 def collect_garbage(
@@ -240,19 +363,47 @@ def collect_garbage(
     *,
     owns: Callable[[], bool],
     cancelled: Callable[[], bool] = lambda: False,
+    retain_s: float = 0.0,
+    now_ms: int | None = None,
 ) -> int:
-    """Delete what a valid snapshot at (``snap_epoch``, ``snap_txid``) covers: batches and
-    seals of epochs below ``snap_epoch`` and older snapshots. Returns objects deleted.
+    """Delete what a valid snapshot covers: batches and seals of epochs below its epoch and
+    older snapshots. Returns objects deleted.
+
+    Without retention (``retain_s`` 0) that snapshot is the one just written at
+    (``snap_epoch``, ``snap_txid``). With retention it is the newest usable snapshot uploaded
+    at least ``retain_s`` before ``now_ms`` (:func:`cellactors.core.retention.retention_base`),
+    so history stays in the bucket for the change feed and point-in-time restores until a
+    snapshot covering it has aged; nothing is collected while there is none.
 
     Owner work: ``owns()`` (a fresh read of ``own.json``) must confirm the snapshot's
     activation still owns the cell before anything is deleted, and ``cancelled()`` is checked
     before every delete. A restore racing the collection finds a listed object gone and lists
     again, which shows the snapshot (written before the collection began)."""
     root = keys.cell_root(cell_id)
-    listing = restore_plan.parse_listing(root, [info.key for info in bucket.list(root)])
-    doomed = [ref.key for e, refs in listing.batches.items() if e < snap_epoch for ref in refs]
-    doomed += [keys.seal_key(cell_id, e) for e in listing.seals if e < snap_epoch]
-    doomed += [key for txid, _epoch, key in listing.snapshots if txid < snap_txid]
+    infos = list(bucket.list(root))
+    listing = restore_plan.parse_listing(root, [info.key for info in infos])
+    newest = restore_plan.SnapshotRef(
+        snap_txid, snap_epoch, keys.snapshot_key(cell_id, snap_txid, snap_epoch)
+    )
+    base: restore_plan.SnapshotRef | None = newest
+    if retain_s > 0:
+        horizon = (time_ms() if now_ms is None else now_ms) - int(retain_s * 1000)
+        uploaded = {info.key: info.last_modified_ms for info in infos}
+        seals: dict[int, int] = {}
+        while True:
+            found = retention.retention_base(listing, uploaded, snap_epoch, newest, seals, horizon)
+            if not isinstance(found, restore_plan.NeedSeal):
+                base = found
+                break
+            value = read_seal(bucket, cell_id, found.epoch)
+            if value is None:
+                return 0  # collected meanwhile: leave it to a later collection
+            seals[found.epoch] = value
+    if base is None:
+        return 0
+    plan = retention.covered_by(listing, base)
+    doomed = [*plan.batch_keys, *(keys.seal_key(cell_id, e) for e in plan.seal_epochs)]
+    doomed += plan.snapshot_keys
     if not doomed or cancelled() or not owns():
         return 0
     deleted = 0
@@ -262,3 +413,8 @@ def collect_garbage(
         bucket.delete(key)
         deleted += 1
     return deleted
+
+
+def time_ms() -> int:
+    """This machine's wall clock in milliseconds."""
+    return int(time.time() * 1000)

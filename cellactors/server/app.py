@@ -1,8 +1,9 @@
 """The node's two HTTP apps.
 
-*Public* (``POST /cells/{cls}/{name}/{method}``, ``GET /healthz``) takes calls from clients
-and forwards them, signed, to the owning node when the runtime says another live node owns
-the cell. *Internal* (``POST /internal/cells/...``, ``GET /state``, ``GET /metrics``,
+*Public* (``POST /cells/{cls}/{name}/{method}``, ``GET /cells/{cls}/{name}/changes``,
+``GET /healthz``) takes calls from clients and forwards them, signed, to the owning node when
+the runtime says another live node owns the cell; any node serves a cell's change feed from
+the bucket. *Internal* (``POST /internal/cells/...``, ``GET /state``, ``GET /metrics``,
 ``GET /fleet``, ``GET /healthz``, and the fleet page at ``GET /``) takes signed forwarded
 calls from peers plus operator endpoints; it must listen on a private address. The public
 app has no internal route at all.
@@ -36,7 +37,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,6 +64,8 @@ T = TypeVar("T")
 
 NODE_HEADER = "X-Cellactors-Node"
 CELL_ROUTE = "/cells/{cls_name}/{name}/{method}"
+CHANGES_ROUTE = "/cells/{cls_name}/{name}/changes"
+NDJSON_TYPE = "application/x-ndjson"
 INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"
 SERVING = "serving"
 _PROGRESS = "cellactors.progress"  # scope key of the request's _Progress
@@ -102,6 +105,8 @@ class NodeLike(Protocol):
 
     def forget_route(self, cls_name: str, name: str) -> None: ...
 
+    def feed_reader(self, cell_id: str) -> Any: ...
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -121,6 +126,10 @@ class ServerSettings:
     fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often
     fleet_cache_seconds: float = 1.0  # /fleet reads the bucket at most this often
+    feed_max_wait: float = 60.0  # longest ``wait`` a changes request may ask for
+    feed_poll_interval: float = 0.25  # bucket reads while following (docs/feed.md: cost)
+    feed_page: int = 500  # transactions read per bucket round
+    max_concurrent_feeds: int = 64  # worker threads reading feeds at once, per app
 
 
 class PeerRefused(CallError):
@@ -367,6 +376,7 @@ class _PublicCore(_Core):
     def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
         super().__init__(node, fleet_key, settings)
         self._client: httpx.AsyncClient | None = None
+        self.feed_limiter = anyio.CapacityLimiter(settings.max_concurrent_feeds)
 
     def client(self) -> httpx.AsyncClient:
         """The shared keep-alive client for forwards, created in the serving loop."""
@@ -381,6 +391,64 @@ class _PublicCore(_Core):
                 ),
             )
         return self._client
+
+    async def handle_changes(self, request: Request) -> Response:
+        """``GET /cells/{cls}/{name}/changes?after=TXID&wait=SECONDS``: the cell's
+        acknowledged transactions after ``after`` from the bucket, streamed as NDJSON (or
+        msgpack objects with ``Accept: application/msgpack``); with ``wait``, the stream
+        stays open that long and carries new transactions as they are acknowledged."""
+        encoding = codec.encoding_for(request.headers.get("accept"))
+        try:
+            cls_name = request.path_params["cls_name"]
+            if cls_name not in self.node.classes:
+                raise UnknownCell(f"no served cell class {cls_name!r}")
+            cell_id = keys.make_cell_id(cls_name, request.path_params["name"])
+            after = _number(request, "after", int, 0, 0, 2**63 - 1)
+            wait = _number(request, "wait", float, 0.0, 0.0, self.settings.feed_max_wait)
+            reader = self.node.feed_reader(cell_id)
+            page = await self._read_feed(reader, after)
+        except (CallError, InvalidCellId) as e:
+            return self.error(_as_call_error(e), encoding)
+        media = codec.CONTENT_TYPES[encoding] if encoding == "msgpack" else NDJSON_TYPE
+        return StreamingResponse(
+            self._stream(reader, page, wait, encoding),
+            media_type=media,
+            headers={NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"},
+        )
+
+    async def _read_feed(self, reader: Any, after: int) -> Any:
+        """One bucket round of the feed in a worker thread; store failures as wire errors."""
+        from cellactors.persistence.feed import FeedHole
+
+        try:
+            return await anyio.to_thread.run_sync(
+                reader.read, after, self.settings.feed_page, limiter=self.feed_limiter
+            )
+        except FeedHole as e:
+            raise FeedUnavailable(str(e)) from e
+        except BucketError as e:
+            raise FeedUnavailable(f"could not read the bucket: {e}") from e
+
+    async def _stream(
+        self, reader: Any, page: Any, wait: float, encoding: codec.Encoding
+    ) -> AsyncIterator[bytes]:
+        """Every page until caught up, then new transactions until ``wait`` has passed or
+        the node stops serving; a failure ends the stream with one error record."""
+        end = time.monotonic() + wait
+        while True:
+            if page.changes:
+                yield b"".join(_record(c.to_wire(), encoding) for c in page.changes)
+            full = len(page.changes) >= self.settings.feed_page
+            if not full:
+                left = end - time.monotonic()
+                if left <= 0 or self.node.status != SERVING:
+                    return
+                await anyio.sleep(min(self.settings.feed_poll_interval, left))
+            try:
+                page = await self._read_feed(reader, page.last_txid)
+            except CallError as e:
+                yield _record(e.to_dict(), encoding)
+                return
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -505,6 +573,39 @@ class _PublicCore(_Core):
             return self.error(err, encoding), False
         reroute = outcome == NOT_RUN and code in _REROUTE_CODES
         return _pass_through(peer, encoding), reroute
+
+
+class FeedUnavailable(CallError):
+    """The feed could not be read from the bucket now (a store failure, or objects missing
+    that listing again did not bring back); nothing changed, a later request may succeed."""
+
+    status = 503
+    code = "feed_unavailable"
+    outcome = NOT_RUN
+    retryable = True
+
+
+def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
+    """One feed record: a JSON line, or one msgpack object."""
+    body = codec.encode(value, encoding)
+    return body if encoding == "msgpack" else body + b"\n"
+
+
+N = TypeVar("N", int, float)
+
+
+def _number(request: Request, name: str, kind: type[N], default: N, low: N, high: N) -> N:
+    """A numeric query parameter within [low, high], or :class:`BadRequest`."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name}={raw!r} is not a number") from None
+    if not low <= value <= high:
+        raise BadRequest(f"query parameter {name}={raw} is outside [{low}, {high}]")
+    return value
 
 
 def _pass_through(peer: httpx.Response, encoding: codec.Encoding) -> Response:
@@ -644,7 +745,8 @@ class _InternalCore(_Core):
 def build_public_app(
     node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
 ) -> Starlette:
-    """The client-facing app: cell calls (run here or forwarded) and a health check."""
+    """The client-facing app: cell calls (run here or forwarded), change feeds and a health
+    check."""
     core = _PublicCore(node, fleet_key, settings or ServerSettings())
 
     @contextlib.asynccontextmanager
@@ -655,6 +757,7 @@ def build_public_app(
             await core.aclose()
 
     routes = [
+        Route(CHANGES_ROUTE, core.handle_changes, methods=["GET"]),
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/healthz", core.healthz, methods=["GET"]),
     ]

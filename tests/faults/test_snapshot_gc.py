@@ -19,7 +19,7 @@ from tests.fleet_harness import wait_for
 pytestmark = pytest.mark.faults
 
 TTL = 2.0
-FLAGS = ("--snapshot-every", "4", "--idle-timeout", "1")
+FLAGS = ("--snapshot-every", "4", "--retention", "0", "--idle-timeout", "1")
 
 
 def snapshots(fleet: FaultFleet, cell: str) -> list[str]:

@@ -1,0 +1,330 @@
+"""A fleet of cellactors nodes inside a test process (docs/testing.md).
+
+``Fleet([Counter], nodes=3)`` starts N in-process nodes sharing one in-memory bucket (or,
+with ``store="seaweedfs"``, an embedded SeaweedFS), serving the given cell classes. A test
+calls cells through any node (a call reaching a node that does not own the cell is passed to
+the owner, as the HTTP layer forwards it), breaks nodes the way production breaks them, and
+asserts on what the bucket holds, which is what survives any failure:
+
+- :meth:`Fleet.kill`: the process dies. No cell or lease is released; its lease is expired
+  at once (as if its TTL had passed), so the next call through another node takes over.
+- :meth:`Fleet.pause`: the process freezes past its TTL (SIGSTOP): it stops renewing, its
+  lease expires for the others, and :meth:`Fleet.resume` wakes it to find its deadline
+  passed, so it fences itself, as a real node does.
+- :meth:`Fleet.drain`: a graceful stop (SIGTERM): every cell released, the lease expired.
+- :meth:`Fleet.acknowledged`: the cell's database rebuilt read-only from the bucket (every
+  acknowledged write), as table name -> rows; :meth:`Fleet.changes` its change feed.
+- :meth:`Fleet.advance_alarms`: the hook for alarm time (alarms are not in this version).
+
+The pytest fixture ``cellactors_fleet`` (enabled by ``pytest_plugins = ["cellactors.testing"]``
+in a ``conftest.py``, or automatically through the package's ``pytest11`` entry point) makes
+fleets and stops them after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cellactors.actors.cell import CellActor
+from cellactors.actors.node import Node, NodeSettings
+from cellactors.core.changes import Change
+from cellactors.core.types import Applied, Match
+from cellactors.errors import RemoteOwner
+from cellactors.persistence import keys
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.calls import RESERVED_PREFIX
+from cellactors.persistence.celldb import CellDatabase
+from cellactors.persistence.feed import read_changes
+from cellactors.persistence.leases import LeaseStore
+from cellactors.persistence.memory import MemoryBucket
+from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.restore import restore
+
+__all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
+
+#: Lease TTL of a test fleet: short, so that a pause is over quickly, yet long enough for a
+#: loaded machine to renew (every TTL/3). Takeovers never wait for it: kill and pause expire
+#: the lease directly.
+DEFAULT_TTL = 3.0
+
+
+class NodeDown(AssertionError):
+    """A test called a cell through a node it killed, paused or drained."""
+
+
+class Fleet:
+    """N started nodes on one bucket, with the user's cell classes."""
+
+    def __init__(
+        self,
+        classes: Iterable[type[CellActor]],
+        nodes: int = 3,
+        *,
+        bucket: Bucket | None = None,
+        store: str = "memory",
+        ttl: float = DEFAULT_TTL,
+        settings: NodeSettings | None = None,
+        data_dir: str | Path | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a fleet needs at least one node")
+        self.classes = list(classes)
+        self._tmp = tempfile.TemporaryDirectory(prefix="cellactors-fleet-")
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(self._tmp.name)
+        self._server: Any = None
+        self.bucket = bucket if bucket is not None else self._open_store(store)
+        base = settings or NodeSettings()
+        self.settings = replace(base, lease_ttl=ttl)
+        self.nodes: list[Node] = []
+        self._down: dict[str, str] = {}  # node id -> why it takes no calls
+        try:
+            for index in range(nodes):
+                self.nodes.append(self._start(f"node-{index}", index))
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_store(self, store: str) -> Bucket:
+        if store == "memory":
+            return MemoryBucket("fleet")
+        if store == "seaweedfs":
+            import boto3
+
+            from cellactors.persistence.embedded import SeaweedServer
+            from cellactors.persistence.s3 import S3Bucket
+
+            self._server = SeaweedServer(self.data_dir / "seaweedfs").start()
+            boto3.client(
+                "s3",
+                endpoint_url=self._server.endpoint,
+                region_name="us-east-1",
+                aws_access_key_id="any",
+                aws_secret_access_key="any",
+            ).create_bucket(Bucket="fleet")
+            return S3Bucket("fleet", "", endpoint=self._server.endpoint)
+        raise ValueError(f"store must be 'memory' or 'seaweedfs', not {store!r}")
+
+    def _start(self, node_id: str, index: int) -> Node:
+        settings = replace(
+            self.settings,
+            advertise=f"127.0.0.1:{20000 + index}",  # in-process: never dialled
+            data_dir=self.data_dir / "nodes",
+        )
+        return Node(self.bucket, node_id, self.classes, settings).start()
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def node(self, which: int | str | Node) -> Node:
+        """A node by index, id, or itself."""
+        if isinstance(which, Node):
+            return which
+        if isinstance(which, int):
+            return self.nodes[which]
+        for node in self.nodes:
+            if node.node_id == which:
+                return node
+        raise KeyError(f"no node {which!r} in this fleet")
+
+    def live(self) -> list[Node]:
+        """The nodes that take calls."""
+        return [n for n in self.nodes if n.node_id not in self._down]
+
+    def kill(self, which: int | str | Node) -> Node:
+        """Crash a node: nothing is released, its lease is expired at once."""
+        node = self.node(which)
+        node.lease.proxy().pause().get()
+        node.fence("cellactors.testing: killed")
+        self._down[node.node_id] = "killed"
+        self.expire_lease(node.node_id)
+        return node
+
+    def pause(self, which: int | str | Node) -> Node:
+        """Freeze a node past its TTL: it renews nothing and its lease expires for the
+        others; it keeps its cells in memory until :meth:`resume`."""
+        node = self.node(which)
+        node.lease.proxy().pause().get()
+        self._down[node.node_id] = "paused"
+        self.expire_lease(node.node_id)
+        return node
+
+    def resume(self, which: int | str | Node) -> Node:
+        """Wake a paused node: its fence deadline passed while it was frozen, so it fences
+        (sends nothing more, answers nothing)."""
+        node = self.node(which)
+        node.fence("cellactors.testing: resumed after a pause past its lease TTL")
+        self._down[node.node_id] = "fenced after a pause"
+        return node
+
+    def drain(self, which: int | str | Node) -> Node:
+        """Stop a node gracefully: every cell released, its lease expired."""
+        node = self.node(which)
+        node.drain()
+        self._down[node.node_id] = "drained"
+        return node
+
+    def restart(self, which: int | str | Node) -> Node:
+        """Start a new process (generation) under a stopped node's id, in its place."""
+        old = self.node(which)
+        if old.node_id not in self._down:
+            raise ValueError(f"{old.node_id} is running; kill, pause or drain it first")
+        index = self.nodes.index(old)
+        with contextlib.suppress(Exception):
+            old.stop()
+        new = self._start(old.node_id, index)
+        self.nodes[index] = new
+        del self._down[old.node_id]
+        return new
+
+    def expire_lease(self, node_id: str) -> None:
+        """Make a node's lease look expired to every peer (what its TTL passing does)."""
+        leases = LeaseStore(self.bucket, node_id)
+        snap = leases.read_lease(node_id)
+        if snap is None:
+            return
+        result = leases.cas_node_lease(Match(snap.token), replace(snap.lease, expires_ms=0))
+        if not isinstance(result, Applied):
+            raise AssertionError(f"the lease of {node_id} changed while it was being expired")
+
+    def advance_alarms(self, seconds: float) -> None:
+        """Move alarm time forward by ``seconds`` on every node. The hook for alarms, which
+        this version of cellactors does not have yet."""
+        raise NotImplementedError("this version of cellactors has no alarms to advance")
+
+    # --- calls ---------------------------------------------------------------------------
+
+    def call(
+        self,
+        cls: type[CellActor] | str,
+        name: str,
+        method: str,
+        /,
+        *args: Any,
+        via: int | str | Node | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``method`` on the cell through node ``via`` (default: the first live one);
+        like the HTTP layer, a call for a cell a live peer owns is handed to that peer."""
+        cls_name = cls if isinstance(cls, str) else cls.__name__
+        entry = self.live()[0] if via is None else self.node(via)
+        if entry.node_id in self._down:
+            raise NodeDown(f"{entry.node_id} is {self._down[entry.node_id]}")
+        for attempt in (1, 2):
+            try:
+                return entry.call(cls_name, name, method, kwargs, args=args, key=key)
+            except RemoteOwner as owner:
+                target = self.node(owner.node)
+                if target.node_id not in self._down:
+                    return target.call(
+                        cls_name, name, method, kwargs, args=args, key=key, forwarded=True
+                    )
+                if attempt == 2:
+                    raise NodeDown(f"{owner.node} owns {cls_name}:{name} but is down") from owner
+                # A forward to a dead node never connects: forget the route, decide again.
+                entry.forget_route(cls_name, name)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def cell(
+        self, cls: type[CellActor] | str, name: str, via: int | str | Node | None = None
+    ) -> _FleetCell:
+        """A handle whose attribute calls go through :meth:`call`."""
+        return _FleetCell(self, cls, name, via)
+
+    # --- what the bucket holds ------------------------------------------------------------
+
+    def owner(self, cls: type[CellActor] | str, name: str) -> str | None:
+        """The node id ``own.json`` names for the cell (None: no record, or released)."""
+        record = OwnershipStore(self.bucket, "fleet").read_owner(self._cell_id(cls, name))
+        return None if record is None or record.released else record.node
+
+    def acknowledged(
+        self, cls: type[CellActor] | str, name: str
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The cell's database as the bucket holds it (read-only restore): every table's
+        rows as dicts, sorted, without the runtime's own tables. Whatever a caller was
+        answered is in it."""
+        cell_id = self._cell_id(cls, name)
+        record = OwnershipStore(self.bucket, "fleet").read_owner(cell_id)
+        if record is None:
+            return {}
+        with tempfile.TemporaryDirectory(dir=self.data_dir) as tmp:
+            db = CellDatabase(Path(tmp) / "cell.db")
+            try:
+                restore(self.bucket, cell_id, record.epoch + 1, db, seal=False)
+                return {
+                    table.name: sorted(
+                        (dict(row) for row in table.rows), key=lambda r: repr(sorted(r.items()))
+                    )
+                    for table in db.db.tables
+                    if not table.name.startswith(RESERVED_PREFIX)
+                }
+            finally:
+                db.close()
+
+    def changes(self, cls: type[CellActor] | str, name: str, after: int = 0) -> list[Change]:
+        """The cell's change feed after ``after`` (acknowledged transactions only)."""
+        return read_changes(self.bucket, self._cell_id(cls, name), after).changes
+
+    def _cell_id(self, cls: type[CellActor] | str, name: str) -> str:
+        return keys.make_cell_id(cls if isinstance(cls, str) else cls.__name__, name)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every node (a killed or fenced one without writing), then the store."""
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+        if self._server is not None:
+            self._server.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _FleetCell:
+    """``fleet.cell(Counter, "a").increment("x")``: calls through the fleet."""
+
+    def __init__(
+        self, fleet: Fleet, cls: type[CellActor] | str, name: str, via: int | str | Node | None
+    ) -> None:
+        self._fleet, self._cls, self._name, self._via = fleet, cls, name, via
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._fleet.call(self._cls, self._name, method, *args, via=self._via, **kwargs)
+
+        return call
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - pytest is optional
+    pass
+else:
+
+    @pytest.fixture
+    def cellactors_fleet() -> Iterator[Callable[..., Fleet]]:
+        """Make fleets with ``cellactors_fleet([MyCell], nodes=2)``; all stop after the test."""
+        made: list[Fleet] = []
+
+        def make(classes: Iterable[type[CellActor]], nodes: int = 3, **kw: Any) -> Fleet:
+            fleet = Fleet(classes, nodes, **kw)
+            made.append(fleet)
+            return fleet
+
+        yield make
+        for fleet in made:
+            fleet.close()

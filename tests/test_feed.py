@@ -1,0 +1,219 @@
+"""The change feed against a real store (SeaweedFS): exactly the acknowledged transactions
+across a takeover, a snapshot and a collection, never a fenced owner's late batch; follow
+mode within a second; the HTTP route, the Python client, ``Node.changes`` and
+``cellactors feed``."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cellactors import Client
+from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.cli import main
+from cellactors.core.changes import Change, HistoryCollected
+from cellactors.persistence import keys
+from cellactors.persistence.batches import Batch, Txn, encode_batch
+from cellactors.persistence.feed import follow_changes, read_changes
+from cellactors.persistence.restore import read_seal
+from cellactors.persistence.s3 import S3Bucket
+from tests.cells import Counter
+from tests.runtime_helpers import crash, eventually, make_node
+from tests.served_nodes import served_node
+
+CELL = "Counter:a"
+
+
+def counts(change: Change) -> list[int]:
+    """The values of ``n`` a transaction wrote to ``counts``."""
+    return [r.row["n"] for r in change.rows if r.table == "counts" and r.row is not None]
+
+
+def late_batch(epoch: int, txid: int, n: int) -> bytes:
+    """What a fenced owner's late upload looks like: a valid batch in its old epoch."""
+    txn = Txn(
+        txid,
+        rows=[("counts", [1], [1, "x", n])],
+        columns={"counts": ["rowid", "name", "n"]},
+        ts_ms=int(time.time() * 1000),
+    )
+    return encode_batch(Batch(CELL, epoch, [txn]))
+
+
+def test_feed_across_a_takeover_a_snapshot_and_a_collection(sw_bucket: S3Bucket) -> None:
+    policy = SnapshotPolicy(every_txids=5, retain_s=0)
+    a = make_node(sw_bucket, "na", snapshots=policy)
+    b = None
+    expected: list[tuple[int, int, list[int]]] = [(1, 1, [])]  # txid 1 creates the table
+    try:
+        for i in range(1, 8):
+            assert a.cell(Counter, "a").increment("x") == i
+            expected.append((i + 1, 1, [i]))
+        seen = read_changes(sw_bucket, CELL, 0).changes
+        assert seen[0].schema_change and not seen[0].rows
+        crash(a, sw_bucket)
+        b = make_node(sw_bucket, "nb", snapshots=policy)
+        assert b.cell(Counter, "a").increment("x") == 8  # restored 1..8, sealed epoch 1
+        expected.append((9, 2, [8]))
+        assert read_seal(sw_bucket, CELL, 1) == 8
+        # The deposed owner's upload lands after the takeover, beyond the seal.
+        late = keys.batch_key(CELL, 1, 9, 9)
+        sw_bucket.put(late, late_batch(1, 9, 999))
+        page = read_changes(sw_bucket, CELL, 8)
+        assert [(c.txid, c.epoch, counts(c)) for c in page.changes] == [(9, 2, [8])]
+        for i in range(9, 14):
+            assert b.cell(Counter, "a").increment("x") == i
+            expected.append((i + 1, 2, [i]))
+        seen += read_changes(sw_bucket, CELL, seen[-1].txid).changes
+
+        def collected() -> bool:  # epoch 2's snapshot covers epoch 1, late batch included
+            listed = [i.key for i in sw_bucket.list(keys.cell_root(CELL))]
+            return not any("/e1/" in k for k in listed) and any(".e2.snap" in k for k in listed)
+
+        eventually(collected, timeout=10)
+        assert [(c.txid, c.epoch, counts(c)) for c in seen] == expected
+        assert all(999 not in counts(c) for c in seen)
+        # A consumer that kept its position reads on; one from the start is told where to go.
+        assert read_changes(sw_bucket, CELL, 12).last_txid == 14
+        with pytest.raises(HistoryCollected) as info:
+            read_changes(sw_bucket, CELL, 0)
+        err = info.value
+        assert err.oldest_txid == 9  # epoch 2's first batch
+        assert err.snapshot_txid is not None and err.snapshot_txid >= 8
+        assert f"available is {err.oldest_txid}" in str(err) and "snapshot at txid" in str(err)
+        tail = read_changes(sw_bucket, CELL, err.snapshot_txid).changes
+        assert [(c.txid, c.epoch, counts(c)) for c in tail] == expected[err.snapshot_txid :]
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def test_follow_delivers_a_transaction_within_a_second_of_its_acknowledgement(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = make_node(sw_bucket, "na")
+    stop = threading.Event()
+    got: queue.Queue[tuple[Change, float]] = queue.Queue()
+
+    def consume() -> None:
+        for change in follow_changes(sw_bucket, CELL, 0, stop=stop):
+            got.put((change, time.monotonic()))
+
+    follower = threading.Thread(target=consume, daemon=True)
+    follower.start()
+    try:
+        for i in range(1, 6):
+            node.cell(Counter, "a").increment("x")
+            acked = time.monotonic()
+            while True:
+                change, when = got.get(timeout=5)
+                if counts(change) == [i]:
+                    break
+            assert when - acked < 1.0, f"txid {change.txid} arrived {when - acked:.2f}s late"
+    finally:
+        stop.set()
+        follower.join(5)
+        node.stop()
+
+
+def test_node_changes_in_process(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "na")
+    try:
+        for _ in range(3):
+            node.cell(Counter, "a").increment("x")
+        assert [c.txid for c in node.changes("Counter", "a")] == [1, 2, 3, 4]
+        assert [counts(c) for c in node.changes("Counter", "a", after=2)] == [[2], [3]]
+        followed = node.changes("Counter", "a", after=4, follow=True, wait=5)
+        node.cell(Counter, "a").increment("x")
+        assert counts(next(followed)) == [4]
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_http_route_and_client(sw_bucket: S3Bucket, encoding: Any) -> None:
+    with served_node(sw_bucket, "na") as served, Client(served.public, encoding=encoding) as c:
+        for _ in range(3):
+            c.cell("Counter", "a").increment(name="x")
+        changes = list(c.changes("Counter", "a"))
+        assert [ch.txid for ch in changes] == [1, 2, 3, 4]
+        # Txid 1 creates the table; txid 2 also creates the runtime's table of idempotency
+        # keys (the client sends one with every call): both ship as database images.
+        assert [ch.schema_change for ch in changes] == [True, True, False, False]
+        assert [counts(ch) for ch in changes[2:]] == [[2], [3]]
+        assert any(r.table == "_cellactors_calls" for r in changes[2].rows)
+        # Follow: a new transaction arrives on the open stream.
+        stream = c.changes("Counter", "a", after=4, follow=True, wait=5)
+        threading.Timer(0.3, lambda: c.cell("Counter", "a").increment(name="x")).start()
+        assert counts(next(stream)) == [4]
+        stream.close()
+
+
+def test_http_route_errors(sw_bucket: S3Bucket) -> None:
+    import httpx
+
+    with served_node(sw_bucket, "na") as served:
+        with Client(served.public) as c:
+            c.cell("Counter", "a").increment(name="x")
+            c.cell("Counter", "a").increment(name="x")
+        url = served.public + "/cells/Counter/a/changes"
+        raw = httpx.get(url, params={"after": "1"})
+        assert raw.status_code == 200
+        assert raw.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(x) for x in raw.text.splitlines()]
+        assert [x["txid"] for x in lines] == [2, 3]
+        assert lines[0]["schema_change"] and lines[0]["changes"] == []
+        assert lines[1]["epoch"] == 1 and not lines[1]["schema_change"]
+        row = next(x for x in lines[1]["changes"] if x["table"] == "counts")
+        assert row == {"table": "counts", "key": [1], "row": {"rowid": 1, "name": "x", "n": 2}}
+        assert httpx.get(url, params={"after": "-1"}).json()["error"] == "bad_request"
+        assert httpx.get(url, params={"wait": "1000"}).json()["error"] == "bad_request"
+        nope = httpx.get(served.public + "/cells/Nope/a/changes")
+        assert nope.status_code == 404 and nope.json()["error"] == "unknown_cell"
+
+
+def test_http_history_collected_is_410_with_where_to_start(sw_bucket: S3Bucket) -> None:
+    import httpx
+
+    with served_node(sw_bucket, "na") as served:
+        with Client(served.public) as c:
+            c.cell("Counter", "a").increment(name="x")
+        # Txids 1..2 collected (deleted here by hand), txid 3 still held.
+        for key in [i.key for i in sw_bucket.list(keys.cell_root(CELL) + "e1/")]:
+            sw_bucket.delete(key)
+        sw_bucket.put(keys.batch_key(CELL, 1, 3, 3), late_batch(1, 3, 5))
+        answer = httpx.get(served.public + "/cells/Counter/a/changes")
+        assert answer.status_code == 410
+        body = answer.json()
+        assert body["error"] == "history_collected" and body["oldest_txid"] == 3
+        with Client(served.public) as c, pytest.raises(HistoryCollected) as info:
+            list(c.changes("Counter", "a"))
+        assert info.value.oldest_txid == 3
+
+
+def test_cli_feed_prints_json_lines(sw_bucket: S3Bucket, seaweed: Any) -> None:
+    node = make_node(sw_bucket, "na")
+    try:
+        for _ in range(2):
+            node.cell(Counter, "a").increment("x")
+    finally:
+        node.stop()
+    spec = f"s3://{sw_bucket.bucket}"
+    result = CliRunner().invoke(
+        main,
+        ["feed", "--bucket", spec, "--endpoint", seaweed.endpoint, "--cell", CELL, "--after", "1"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in result.output.splitlines()]
+    assert [(x["txid"], x["changes"][0]["row"]["n"]) for x in lines] == [(2, 1), (3, 2)]
+    bad = CliRunner().invoke(
+        main, ["feed", "--bucket", spec, "--endpoint", seaweed.endpoint, "--cell", "nope"]
+    )
+    assert bad.exit_code == 2 and "error:" in bad.output

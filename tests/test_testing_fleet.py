@@ -1,0 +1,57 @@
+"""``cellactors.testing``: a user's failover test in well under 2 s, pause and drain."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from cellactors.errors import NodeUnavailable
+from cellactors.testing import Fleet, NodeDown
+from tests.cells import Counter
+
+
+def test_failover_test_runs_in_under_two_seconds(cellactors_fleet: Callable[..., Fleet]) -> None:
+    started = time.monotonic()
+    fleet = cellactors_fleet([Counter], nodes=3)
+    counter = fleet.cell(Counter, "a")
+    for i in range(1, 6):
+        assert counter.increment("x") == i
+    owner = fleet.owner(Counter, "a")
+    assert owner == "node-0"
+    fleet.kill(owner)
+    assert fleet.cell(Counter, "a", via=1).increment("x") == 6  # took over, nothing lost
+    assert fleet.owner(Counter, "a") == "node-1"
+    assert fleet.acknowledged(Counter, "a") == {"counts": [{"name": "x", "n": 6}]}
+    assert [c.epoch for c in fleet.changes(Counter, "a")][-1] == 2
+    with pytest.raises(NodeDown):
+        fleet.call(Counter, "a", "get", "x", via=0)
+    fleet.close()
+    assert time.monotonic() - started < 2.0
+
+
+def test_pause_past_the_ttl_then_resume_fences(cellactors_fleet: Callable[..., Fleet]) -> None:
+    fleet = cellactors_fleet([Counter], nodes=2)
+    assert fleet.call(Counter, "a", "increment", "x", via=0) == 1
+    paused = fleet.pause(0)
+    assert fleet.call(Counter, "a", "increment", "x", via=1) == 2
+    fleet.resume(0)
+    assert paused.status == "fenced"
+    with pytest.raises(NodeUnavailable):  # a fenced node answers nothing
+        paused.call("Counter", "a", "get", {"name": "x"})
+    assert fleet.acknowledged(Counter, "a")["counts"] == [{"name": "x", "n": 2}]
+
+
+def test_drain_hands_cells_on_and_restart(cellactors_fleet: Callable[..., Fleet]) -> None:
+    fleet = cellactors_fleet([Counter], nodes=2)
+    fleet.call(Counter, "a", "increment", "x", via=0)
+    fleet.drain(0)
+    assert fleet.owner(Counter, "a") is None  # released
+    assert fleet.call(Counter, "a", "increment", "x") == 2  # the first live node is node-1
+    assert fleet.owner(Counter, "a") == "node-1"
+    again = fleet.restart(0)
+    assert again.status == "serving"
+    assert fleet.call(Counter, "a", "get", "x", via=0) == 2  # forwarded to the owner
+    with pytest.raises(NotImplementedError):
+        fleet.advance_alarms(60)
