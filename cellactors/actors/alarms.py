@@ -5,8 +5,9 @@
   restored state needs; a transaction that changed the alarm or the outbox writes the new
   ones before its batch is uploaded (:meth:`CellSink.before_upload`: a batch that never
   lands leaves a stale entry, one spurious wake; a durable alarm never lacks its entry)
-  and deletes the old ones once it is acknowledged (:meth:`CellSink.after_ack`). A release forgets the
-  mirror and leaves the entries in the bucket, for whichever node wakes the cell next.
+  and deletes the old ones once it is acknowledged (:meth:`CellSink.after_ack`). A release
+  forgets the mirror and leaves the entries in the bucket, for whichever node wakes the cell
+  next.
 - **Timer heap.** The alarms of hosted cells fire from :class:`~cellactors.core.alarms.
   Schedule`, precisely, whether the cell is active or hibernated.
 - **Scan.** At start and every ``alarm_scan_interval`` the driver lists the due entries
