@@ -14,7 +14,7 @@ asserts on what the bucket holds, which is what survives any failure:
 - :meth:`Fleet.drain`: a graceful stop (SIGTERM): every cell released, the lease expired.
 - :meth:`Fleet.acknowledged`: the cell's database rebuilt read-only from the bucket (every
   acknowledged write), as table name -> rows; :meth:`Fleet.changes` its change feed.
-- :meth:`Fleet.advance_alarms`: the hook for alarm time (alarms are not in this version).
+- :meth:`Fleet.advance_alarms`: move alarm time forward, so that alarms due by then fire now.
 
 The pytest fixture ``cellactors_fleet`` (enabled by ``pytest_plugins = ["cellactors.testing"]``
 in a ``conftest.py``, or automatically through the package's ``pytest11`` entry point) makes
@@ -35,7 +35,7 @@ from cellactors.actors.node import Node, NodeSettings
 from cellactors.core.changes import Change
 from cellactors.core.types import Applied, Match
 from cellactors.errors import RemoteOwner
-from cellactors.persistence import keys
+from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.calls import RESERVED_PREFIX
 from cellactors.persistence.celldb import CellDatabase
@@ -82,6 +82,7 @@ class Fleet:
         self.settings = replace(base, lease_ttl=ttl)
         self.nodes: list[Node] = []
         self._down: dict[str, str] = {}  # node id -> why it takes no calls
+        self._advanced = False  # advance_alarms moved the runtime's clock
         try:
             for index in range(nodes):
                 self.nodes.append(self._start(f"node-{index}", index))
@@ -191,9 +192,14 @@ class Fleet:
             raise AssertionError(f"the lease of {node_id} changed while it was being expired")
 
     def advance_alarms(self, seconds: float) -> None:
-        """Move alarm time forward by ``seconds`` on every node. The hook for alarms, which
-        this version of cellactors does not have yet."""
-        raise NotImplementedError("this version of cellactors has no alarms to advance")
+        """Move alarm time forward by ``seconds`` on every node: alarms due by then fire now
+        (hosted cells from their node's timer, others from a scan run at once). Leases keep
+        the real clock, so no node expires. The fleet's teardown moves the clock back."""
+        calls.advance_clock(seconds)
+        self._advanced = True
+        for node in self.nodes:
+            if node.node_id not in self._down:
+                node.alarms.poke()
 
     # --- calls ---------------------------------------------------------------------------
 
@@ -282,6 +288,8 @@ class Fleet:
                 node.stop()
         if self._server is not None:
             self._server.stop()
+        if self._advanced:
+            calls.reset_clock()
         self._tmp.cleanup()
 
     def __enter__(self) -> Fleet:

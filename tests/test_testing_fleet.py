@@ -9,7 +9,9 @@ import pytest
 
 from cellactors.errors import NodeUnavailable
 from cellactors.testing import Fleet, NodeDown
+from tests.alarm_cells import Reminder
 from tests.cells import Counter
+from tests.runtime_helpers import eventually
 
 
 def test_failover_test_runs_in_under_two_seconds(cellactors_fleet: Callable[..., Fleet]) -> None:
@@ -53,5 +55,20 @@ def test_drain_hands_cells_on_and_restart(cellactors_fleet: Callable[..., Fleet]
     again = fleet.restart(0)
     assert again.status == "serving"
     assert fleet.call(Counter, "a", "get", "x", via=0) == 2  # forwarded to the owner
-    with pytest.raises(NotImplementedError):
-        fleet.advance_alarms(60)
+
+
+def test_advancing_alarm_time_fires_alarms_an_hour_away(
+    cellactors_fleet: Callable[..., Fleet],
+) -> None:
+    """A hosted cell's alarm and an orphan's (its owner killed) both fire once alarm time
+    has moved past them; nothing waits an hour, and no lease expires meanwhile."""
+    fleet = cellactors_fleet([Reminder], nodes=2)
+    fleet.call(Reminder, "hosted", "remind", delay=3600, via=0)
+    fleet.call(Reminder, "orphan", "remind", delay=3600, via=1)
+    fleet.kill(1)  # its cell is hosted nowhere now: only a scan finds the alarm
+    assert fleet.call(Reminder, "hosted", "fired", via=0) == []
+    fleet.advance_alarms(3601)
+    for name in ("hosted", "orphan"):
+        eventually(lambda n=name: len(fleet.call(Reminder, n, "fired", via=0)) == 1, timeout=10)
+    assert fleet.owner(Reminder, "orphan") == "node-0"
+    assert all(n.status == "serving" for n in fleet.nodes if n.node_id == "node-0")

@@ -109,6 +109,7 @@ class AlarmDriver:
             target=self._loop, name=f"alarms-{node.node_id}", daemon=True
         )
         self.scans = 0  # scans started (each one LIST, plus one per further page)
+        self._scan_now = False
 
     def start(self) -> None:
         self._thread.start()
@@ -166,6 +167,13 @@ class AlarmDriver:
                 self._schedule.set(cell_id, alarm, at_ms)
             self._cond.notify_all()
 
+    def poke(self) -> None:
+        """Re-evaluate the timer heap and scan now (the runtime's clock moved: a test fleet
+        advanced alarm time)."""
+        with self._cond:
+            self._scan_now = True
+            self._cond.notify_all()
+
     def scheduled(self, cell_id: str) -> Wake | None:
         with self._cond:
             return self._schedule.get(cell_id)
@@ -176,7 +184,9 @@ class AlarmDriver:
         next_scan = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            if now >= next_scan:
+            with self._cond:
+                scan_now, self._scan_now = self._scan_now, False
+            if now >= next_scan or scan_now:
                 next_scan = now + self.interval
                 self._scan()
             with self._cond:

@@ -47,9 +47,29 @@ COLLECT_PER_TXN = 64
 MAX_KEY_LENGTH = 255
 
 
+#: Added to the wall clock by :func:`now_ms`; only ``cellactors.testing`` moves it, to
+#: advance alarm time in a test fleet (leases keep the real clock).
+_offset_ms = 0
+
+
 def now_ms() -> int:
-    """Wall-clock milliseconds: the time keys are stamped with (tests replace it)."""
-    return int(time.time() * 1000)
+    """The runtime's clock in milliseconds: what keys are stamped with and alarms fall due
+    by; the wall clock, unless a test fleet advanced it."""
+    return int(time.time() * 1000) + _offset_ms
+
+
+def advance_clock(seconds: float) -> None:
+    """Move :func:`now_ms` forward (tests only: ``cellactors.testing.Fleet.advance_alarms``)."""
+    global _offset_ms
+    if seconds < 0:
+        raise ValueError("the runtime's clock only moves forward")
+    _offset_ms += int(seconds * 1000)
+
+
+def reset_clock() -> None:
+    """Back to the wall clock (a test fleet's teardown)."""
+    global _offset_ms
+    _offset_ms = 0
 
 
 @dataclass(frozen=True)
