@@ -78,13 +78,22 @@ class ListedLease:
     problem: str | None = None
 
 
-def list_leases(bucket: Bucket) -> list[ListedLease]:
-    """Every node lease in the bucket, expired ones included, in node order (read-only)."""
+def list_leases(
+    bucket: Bucket, modified_since_ms: int | None = None, skip_node: str | None = None
+) -> list[ListedLease]:
+    """Every node lease in the bucket, expired ones included, in listing (node) order; an
+    object not modified since ``modified_since_ms``, or of ``skip_node``, is skipped without
+    a read. Keys that name no node are skipped; a lease that does not decode is listed with
+    its problem; store failures propagate. Read-only."""
     found: list[ListedLease] = []
     for info in bucket.list(keys.NODES_PREFIX):
         if not info.key.endswith(".json"):
             continue
+        if modified_since_ms is not None and info.last_modified_ms < modified_since_ms:
+            continue
         node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
+        if node_id == skip_node:
+            continue
         try:
             key = keys.lease_key(node_id)
         except InvalidCellId:
@@ -97,6 +106,17 @@ def list_leases(bucket: Bucket) -> list[ListedLease]:
         except BucketError as err:
             found.append(ListedLease(node_id, info.last_modified_ms, None, str(err)))
     return found
+
+
+def _readable(listed: list[ListedLease]) -> list[NodeLease]:
+    """The leases that decoded and name the node their key names (others are logged)."""
+    leases = []
+    for item in listed:
+        if item.lease is None:
+            log.warning("skipping unreadable lease of %s: %s", item.node, item.problem)
+        elif item.lease.node == item.node:
+            leases.append(item.lease)
+    return leases
 
 
 class LeaseStore:
@@ -124,26 +144,7 @@ class LeaseStore:
         """Every node lease under ``nodes/``, this node's included, live or expired, by node
         id (the fleet page). Keys that name no valid node and leases that do not decode are
         skipped; store failures propagate."""
-        leases: list[NodeLease] = []
-        for info in self.bucket.list(keys.NODES_PREFIX):
-            if not info.key.endswith(".json"):
-                continue
-            node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
-            try:
-                key = keys.lease_key(node_id)
-            except InvalidCellId:
-                continue
-            obj = self.bucket.get(key)
-            if obj is None:
-                continue  # deleted between the listing and the read
-            try:
-                lease = _decode_lease(key, obj.body)
-            except BucketError as err:
-                log.warning("skipping unreadable lease %s: %s", key, err)
-                continue
-            if lease.node == node_id:
-                leases.append(lease)
-        return sorted(leases, key=lambda lease: lease.node)
+        return sorted(_readable(list_leases(self.bucket)), key=lambda lease: lease.node)
 
     def read_capacity_peers(self, at_ms: int | None = None) -> list[NodeLease]:
         """Live peers speaking our peer protocol, self excluded.
@@ -154,25 +155,9 @@ class LeaseStore:
         """
         at = now_ms() if at_ms is None else at_ms
         horizon = at - int(max(3 * self.ttl_s, 60.0) * 1000)
-        peers: list[NodeLease] = []
-        for info in self.bucket.list(keys.NODES_PREFIX):
-            if info.last_modified_ms < horizon or not info.key.endswith(".json"):
-                continue
-            node_id = info.key[len(keys.NODES_PREFIX) : -len(".json")]
-            if node_id == self.node:
-                continue
-            try:
-                key = keys.lease_key(node_id)
-            except InvalidCellId:
-                continue  # not a lease key, e.g. nodes/sub/x.json
-            obj = self.bucket.get(key)  # store failures propagate
-            if obj is None:
-                continue
-            try:
-                lease = _decode_lease(key, obj.body)
-            except BucketError as err:
-                log.warning("skipping unreadable peer lease %s: %s", key, err)
-                continue
-            if lease.is_live(at) and lease.peer_protocol == PEER_PROTOCOL and lease.node == node_id:
-                peers.append(lease)
-        return peers
+        listed = list_leases(self.bucket, modified_since_ms=horizon, skip_node=self.node)
+        return [
+            lease
+            for lease in _readable(listed)
+            if lease.is_live(at) and lease.peer_protocol == PEER_PROTOCOL
+        ]
