@@ -1,5 +1,5 @@
-"""Table-driven tests of :mod:`cellactors.core.restore_plan` (PROTOCOL.md, "Restore and the
-epoch seal")."""
+"""Table-driven tests of :mod:`cellactors.core.restore_plan` (docs/protocol.md, "Restore and
+the epoch seal")."""
 
 from __future__ import annotations
 
@@ -329,6 +329,12 @@ def read_spans(plan: Plan) -> list[tuple[int, int, int]]:
         pytest.param(
             Folder({2: [(6, 7)]}, {}, [(5, 2)]), 3, [], id="unsealed snapshot epoch: no read"
         ),
+        pytest.param(
+            Folder({4: [(2, 2)]}, {1: 3, 2: 3}, [(1, 4)]),
+            5,
+            [],
+            id="seals re-created below the snapshot are never read",
+        ),
     ],
 )
 def test_need_seal_requests_in_order(folder: Folder, current: int, asked: list[int]) -> None:
@@ -600,6 +606,17 @@ class Expect:
             set(),
             Expect(6, [(3, 6)], [], (6, 2)),
             id="a sealed snapshot epoch with nothing beyond",
+        ),
+        pytest.param(
+            # A deposed restore listed epochs 1-2 with a tail of txids (since dropped: the
+            # cell's history sealed epoch 1 lower), stalled, and created their seals after
+            # the collection of the snapshot's owner had deleted the first ones. Neither the
+            # seals nor the txids they name are history: the plan never reads them.
+            Folder({4: [(2, 2)]}, {1: 3, 2: 3}, [(1, 4)]),
+            5,
+            set(),
+            Expect(2, [(4, 2)], [(4, 2, 2)], (1, 4)),
+            id="seals re-created below the snapshot, above its history",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""A model of the fleet protocol over the pure core (PROTOCOL.md, "Invariants").
+"""A model of the fleet protocol over the pure core (docs/protocol.md, "Invariants").
 
 No threads, no real store, no SQLite: two or three simulated nodes (plus at most one zombie:
 an old process of a node id, replaced while paused) share one :class:`MemoryBucket` and one
@@ -115,6 +115,9 @@ class Restore:
     plan: restore_plan.Plan | None = None
     state: list[int] = field(default_factory=list)
     to_seal: list[restore_plan.EpochStep] = field(default_factory=list)
+    # Epochs whose seal this restore created after the collection had deleted the first
+    # one, with another value (see do_restore_seal): its state is not the cell's history.
+    recreated: list[int] = field(default_factory=list)
 
 
 @dataclass(repr=False)
@@ -638,19 +641,27 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         previous = self.seal_values.setdefault(step.epoch, step.upto)
         if previous != step.upto:
-            # The seal was created (by a later activation's restore) and collected (by its
-            # snapshot) between this restore's listing and this create, which the
-            # conditional create cannot see. Only a deposed activation can be that late,
-            # and the seal it leaves is never read: a snapshot of a later epoch covers it.
+            # The seal was created (by another restore) and collected (by a snapshot)
+            # between this restore's listing and this create, which the conditional create
+            # cannot see. Only a deposed activation can be that late: the collection that
+            # deleted the seal ran for an owner at a later epoch than this one. The value
+            # may be lower than the first seal's or higher: the first seal may have come
+            # from a restore that listed before a late batch landed (a deposed one too),
+            # while this one listed after. Either way the seal it leaves is never read (a
+            # snapshot of a later epoch covers it) and the activation opens superseded (see
+            # open_cell): what it restored is not the cell's history.
             assert max(e for e, _ in self.claims) > n.epoch, (
                 f"epoch {step.epoch} sealed at {previous} was sealed again at {step.upto} by "
                 f"the current activation (epoch {n.epoch})"
             )
-            assert step.upto < previous, (step, previous)
             listing = restore_plan.parse_listing(ROOT, [i.key for i in self.bucket.list(ROOT)])
             assert any(e > step.epoch for _t, e, _k in listing.snapshots), listing.snapshots
             self.recreated_seals[step.epoch] = step.upto
-            event("a deposed restore re-created a collected seal (below a snapshot)")
+            r.recreated.append(step.epoch)
+            event(
+                "a deposed restore re-created a collected seal "
+                f"{'below' if step.upto < previous else 'above'} the first one"
+            )
 
     def do_restore_step(self, n: Node) -> None:
         """The next step of a restore, whichever it is."""
@@ -669,12 +680,41 @@ class ProtocolModel(RuleBasedStateMachine):
     def open_cell(self, n: Node) -> None:
         assert n.restore is not None and n.restore.plan is not None
         state = n.restore.state
-        self.check_restored(n.epoch, state, n.restore.plan)
-        for txid, value in enumerate(state, start=1):
-            previous = self.durable.get(txid)
-            assert previous is None or previous[0] == value, (txid, value, previous)
-            if previous is None:
-                self.durable[txid] = (value, n.epoch)
+        recreated = bool(n.restore.recreated)
+        self.check_restored(n.epoch, state, n.restore.plan, recreated)
+        superseded = max(e for e, _ in self.claims) > n.epoch
+        if not recreated:
+            # Every seal this restore relied on is the epoch's one seal (read, or created
+            # first), so what it rebuilt is sealed history, superseded or not.
+            for txid, value in enumerate(state, start=1):
+                previous = self.durable.get(txid)
+                assert previous is None or previous[0] == value, (txid, value, previous)
+                if previous is None:
+                    self.durable[txid] = (value, n.epoch)
+        if superseded:
+            # A later activation claimed the cell while this one restored. In the runtime
+            # that takes this node's lease to have run out in the eyes of the node that took
+            # over (or of the new process of this node id, which waited for it), so this
+            # node is past its fence deadline (docs/protocol.md, "Clocks"): it never renews
+            # again, and its watchdog or its first call fences it before it answers
+            # anything. Nor does it snapshot: the runtime snapshots only after an
+            # acknowledgement, which the re-read of own.json refuses it. The model fences it
+            # here. (The model's node may still be within its deadline: it may renew late,
+            # standing in for renewals made in time, which the runtime never does after the
+            # deadline; or its skew may put its clock further from the claimant's than the
+            # fence margin, outside the clock assumption, where the docs concede that a
+            # deposed node may answer a stale read.) This matters for a restore that
+            # re-created a collected seal: its state may hold an unacknowledged tail that
+            # the cell's history dropped, and is never recorded as durable.
+            if lease_rules.should_fence(n.deadline_s, self.clock(n) / 1000.0):
+                event("a superseded restore opened past its node's deadline")
+            else:
+                event("a superseded restore opened within its deadline (late renewal, skew)")
+            if recreated:
+                event("a restore that re-created a collected seal opened, superseded")
+            self.fence(n)
+            return
+        assert not recreated, "a restore that re-created a collected seal was not superseded"
         snapshot = n.restore.plan.snapshot
         n.state = list(state)
         n.restore = None
@@ -689,7 +729,13 @@ class ProtocolModel(RuleBasedStateMachine):
         if snapshot is not None:
             event("restored from a snapshot")
 
-    def check_restored(self, epoch: int, state: list[int], plan: restore_plan.Plan) -> None:
+    def check_restored(
+        self, epoch: int, state: list[int], plan: restore_plan.Plan, recreated: bool = False
+    ) -> None:
+        """What a restore guarantees. ``recreated``: it re-created a collected seal with
+        another value, so it is superseded and its state need not be the cell's history
+        (its node fences before it answers): only Invariants 3 and 4 hold, and Invariant 5
+        against its own plan."""
         # Invariant 3: every write acknowledged at an earlier epoch is present. (A write at
         # an earlier epoch acknowledged after this claim would be a violation of its own.)
         for txid, (value, ack_epoch, node) in sorted(self.acked.items()):
@@ -700,7 +746,7 @@ class ProtocolModel(RuleBasedStateMachine):
                 )
         # ...and so is everything an earlier restore found sealed.
         for txid, (value, restored_at) in sorted(self.durable.items()):
-            if restored_at < epoch:
+            if restored_at < epoch and not recreated:
                 assert txid <= len(state) and state[txid - 1] == value, (
                     f"sealed txid {txid}={value} (restored at epoch {restored_at}) lost by "
                     f"the restore at epoch {epoch}: {state}"
@@ -711,15 +757,29 @@ class ProtocolModel(RuleBasedStateMachine):
             assert tuple(state) == self.history[state[-1]], (state, self.history[state[-1]])
         # Invariant 5: the state is the one after the last sealed transaction, computed
         # independently: every seal as it was first written (the collection may have deleted
-        # it since) and every batch ever uploaded. (A deposed restore that re-created a
-        # collected seal is measured against the seal it wrote.)
-        own = {step.epoch: step.upto for step in plan.seals}
+        # it since) and every batch ever uploaded.
         seals: list[int] = []
         for e in range(1, epoch):
             assert e in self.seal_values, f"epoch {e} is unsealed after a restore at {epoch}"
             in_bucket = read_seal(self.bucket, CELL, e)
             assert in_bucket in (None, self.seal_values[e], self.recreated_seals.get(e))
-            seals.append(own.get(e, self.seal_values[e]))
+            seals.append(self.seal_values[e])
+        image: list[int] | None = None
+        if plan.snapshot is not None:
+            snap_epoch, txid, image = decode_snapshot(self.archive[plan.snapshot.key])
+            assert (snap_epoch, txid) == (plan.snapshot.epoch, plan.snapshot.txid)
+            assert plan.snapshot.epoch < epoch
+        if recreated:
+            # Measured against its own plan instead: the snapshot it chose, then each
+            # epoch's txids as its plan took them, every one from a batch of that epoch.
+            expected = list(image or [])
+            for step in plan.steps:
+                found = self.archived_txids(step.epoch)
+                for txid in range(step.after + 1, step.upto + 1):
+                    assert len(found.get(txid, ())) == 1, (step, txid, found)
+                    expected.append(next(iter(found[txid])))
+            assert state == expected, (state, expected)
+            return
         assert seals == sorted(seals), f"seals go backwards: {seals}"
         assert len(state) == (seals[-1] if seals else 0), (
             state,
@@ -727,15 +787,10 @@ class ProtocolModel(RuleBasedStateMachine):
             plan,
             sorted(i.key[len(ROOT) :] for i in self.bucket.list(ROOT)),
         )
-        expected: list[int] = []
+        expected = []
         low = 0
         for e, high in enumerate(seals, start=1):
-            found: dict[int, set[int]] = {}
-            folder = keys.epoch_dir(CELL, e)
-            for key, body in self.archive.items():
-                if key.startswith(folder):
-                    for txid, value in decode_batch(body):
-                        found.setdefault(txid, set()).add(value)
+            found = self.archived_txids(e)
             for txid in range(low + 1, high + 1):
                 assert len(found.get(txid, ())) == 1, (e, txid, found)
                 expected.append(next(iter(found[txid])))
@@ -743,11 +798,18 @@ class ProtocolModel(RuleBasedStateMachine):
         assert state == expected, (state, expected)
         # A restore from a snapshot (GC may have removed the epochs below it): the snapshot
         # holds exactly that prefix of the sealed history, and the rest came from batches.
-        if plan.snapshot is not None:
-            snap_epoch, txid, image = decode_snapshot(self.archive[plan.snapshot.key])
-            assert (snap_epoch, txid) == (plan.snapshot.epoch, plan.snapshot.txid)
-            assert image == expected[:txid], (image, expected)
-            assert plan.snapshot.epoch < epoch
+        if image is not None:
+            assert image == expected[: len(image)], (image, expected)
+
+    def archived_txids(self, epoch: int) -> dict[int, set[int]]:
+        """txid -> values in every batch ever uploaded to ``epoch`` (collected or not)."""
+        found: dict[int, set[int]] = {}
+        folder = keys.epoch_dir(CELL, epoch)
+        for key, body in self.archive.items():
+            if key.startswith(folder):
+                for txid, value in decode_batch(body):
+                    found.setdefault(txid, set()).add(value)
+        return found
 
     # --- writes --------------------------------------------------------------------------
 
@@ -869,7 +931,15 @@ class ProtocolModel(RuleBasedStateMachine):
         return n.snap is not None and not (n.snap.stage == "done" and n.snap.landed)
 
     def may_snapshot(self, n: Node) -> bool:
-        return self.active(n) and not self.snap_busy(n) and len(self.snapshot_range(n)) > 0
+        # The runtime takes a snapshot only after an upload of this activation was
+        # acknowledged (the replicator asks for one after an acknowledgement), so only an
+        # activation that owned the cell after its restore ever snapshots.
+        return (
+            self.active(n)
+            and n.gate.acked > n.base
+            and not self.snap_busy(n)
+            and len(self.snapshot_range(n)) > 0
+        )
 
     def do_snapshot(self, n: Node, txid: int | None = None) -> None:
         """Upload a snapshot of acknowledged state (off the ack path; it may land late)."""
@@ -1572,9 +1642,11 @@ def test_scenario_release_waits_for_the_snapshot_upload() -> None:
 
 def test_scenario_deposed_restore_recreates_a_collected_seal() -> None:
     """A design limit, harmless: n2 lists and fetches at epoch 2, then stalls before its
-    seals; n3 takes over, seals epoch 1 higher (a late batch landed), snapshots and collects
-    epochs 1-2 with their seals. n2's conditional create of epoch 1's seal succeeds (the seal
-    is gone), below the snapshot that covers it: no later restore reads it."""
+    seals; n3 takes over, seals epoch 1 higher (a late batch landed), acknowledges a write,
+    snapshots and collects epochs 1-2 with their seals. n2's conditional create of epoch 1's
+    seal succeeds (the seal is gone), below the snapshot that covers it: no later restore
+    reads it. n2's activation opens superseded and its node, past its lease deadline, fences
+    before it answers anything."""
     m, (n1, n2, n3) = fresh(3)
     activate(m, n1)
     write_acked(m, n1, 2)
@@ -1597,15 +1669,77 @@ def test_scenario_deposed_restore_recreates_a_collected_seal() -> None:
     m.do_renew(n3)
     activate(m, n3)  # epoch 3: seals e1 at 3 (the late batch is whole), e2 at 3
     assert n3.state[:2] == acked_values(m) and len(n3.state) == 3
+    write_acked(m, n3)  # txid 4: a snapshot follows an acknowledgement
     snapshot_and_collect(m, n3)
     assert keys.seal_key(CELL, 1) not in bucket_keys(m)
     n2.paused = False
-    activate_rest(m, n2)  # re-creates e1's seal at 2: deposed, its writes never acknowledged
+    while n2.phase in RESTORING:
+        m.do_restore_step(n2)  # re-creates e1's seal at 2, opens superseded
     assert read_seal(m.bucket, CELL, 1) == 2 and m.seal_values[1] == 3
+    assert m.recreated_seals == {1: 2}
+    assert not n2.running and n2.phase == "idle"  # fenced: it never answers
+    assert m.durable[3] == (n3.state[2], 3)  # its restore counted for nothing
     m.bucket_restores_every_durable_write()
-    m.do_write(n2)
-    replicate(m, n2)  # the re-read sees n3 at epoch 3: the write fails
-    assert n2.phase == "idle" and max(m.acked) == 2
+
+
+def test_scenario_deposed_restore_recreates_a_seal_above_the_first() -> None:
+    """Found by the state machine. The first seal of an epoch may come from a restore that
+    listed before a late batch landed, and a deposed restore that listed after it re-creates
+    the seal *higher* once a collection deleted it. n1 crashes with txid 1 in flight; n2
+    claims epoch 2, lists (nothing) and stalls; the late batch lands; n3 takes over at epoch
+    3, lists it and stalls; n2 seals epoch 1 at 0 first and opens superseded (its node
+    fences); n1, restarted, takes over at epoch 4: epoch 1's seal puts the late batch beyond
+    history. It acknowledges its own txid 1, snapshots and collects. n3 then re-creates epoch
+    1's seal at 1 and opens with the late, never acknowledged txid 1: superseded, its node
+    fences, and nothing it restored counts. Every later restore starts from the snapshot."""
+    m, (n1, n2, n3) = fresh(3)
+    activate(m, n1)
+    m.do_write(n1)
+    m.do_ship(n1)  # txid 1 in flight
+    late = n1.upload
+    assert late is not None
+    m.do_crash(n1, lands=True)
+    m.tick(12_000)
+    m.do_renew(n2)
+    m.do_renew(n3)
+    m.do_acquire_read(n2)
+    m.do_acquire_claim(n2)
+    m.do_restore_list(n2)
+    m.do_restore_fetch(n2)  # epoch 1 is empty: seal it at 0
+    n2.paused = True
+    m.do_land(late)
+    m.tick(12_000)
+    m.do_renew(n3)
+    m.do_acquire_read(n3)
+    m.do_acquire_claim(n3)
+    assert n3.epoch == 3
+    m.do_restore_list(n3)
+    m.do_restore_fetch(n3)  # epoch 1 through the late txid 1
+    assert n3.phase == "sealing" and n3.restore is not None and n3.restore.state == [1]
+    n3.paused = True
+    n2.paused = False
+    while n2.phase in RESTORING:
+        m.do_restore_step(n2)
+    assert read_seal(m.bucket, CELL, 1) == 0
+    assert not n2.running  # superseded by n3, past its deadline: fenced
+    m.tick(12_000)
+    m.do_start(n1)
+    activate(m, n1)  # epoch 4: e1 sealed at 0 (the late batch lies beyond), e2, e3 at 0
+    assert n1.epoch == 4 and n1.state == []
+    write_acked(m, n1)
+    snapshot_and_collect(m, n1)
+    assert keys.seal_key(CELL, 1) not in bucket_keys(m)
+    n3.paused = False
+    while n3.phase in RESTORING:
+        m.do_restore_step(n3)
+    assert read_seal(m.bucket, CELL, 1) == 1 and m.seal_values[1] == 0  # above the first
+    assert not n3.running and n3.phase == "idle"
+    assert m.durable == {1: (n1.state[0], 4)}
+    m.bucket_restores_every_durable_write()
+    m.do_release(n1)
+    m.do_start(n2)
+    activate(m, n2)  # epoch 5: from n1's snapshot
+    assert n2.state == acked_values(m) and len(n2.state) == 1
 
 
 def test_scenario_superseded_restore_after_a_collection() -> None:
