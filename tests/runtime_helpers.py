@@ -17,9 +17,10 @@ from tests.cells import Counter, Sandbox
 T = TypeVar("T")
 
 
-# Leases a loaded machine can renew: a renewal every TTL/3 = 1 s, a fence deadline 2 s after
-# the last successful send. Tests that need a lease gone expire it with expire_lease().
-TTL = 3.0
+# Leases a loaded machine can renew: a renewal every TTL/3 (1.7 s), a fence deadline 4 s after
+# the last successful send (a CI machine running the suite on two workers has stalled a 3 s
+# lease's renewals for 2 s). Tests that need a lease gone expire it with expire_lease().
+TTL = 5.0
 
 
 def make_node(bucket: Bucket, node_id: str, ttl: float = TTL, **kw: Any) -> Node:
