@@ -11,7 +11,7 @@ from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import cell_dump, crash, eventually, make_node
-from tests.test_runtime import delta
+from tests.test_runtime import CuttableBucket, delta
 
 CELL = "Counter:a"
 
@@ -136,5 +136,32 @@ def test_hibernation_is_off_when_it_would_not_come_before_release(sw_bucket: S3B
         node.cell(Counter, "a").increment("x")
         eventually(lambda: owner(sw_bucket) == ("", 1), timeout=10)
         assert node.hibernated_cells() == 0
+    finally:
+        node.stop()
+
+
+def test_a_store_error_releasing_a_hibernated_cell_keeps_nothing_unproven(
+    sw_bucket: S3Bucket,
+) -> None:
+    """The release of a hibernated cell fails (store cut): its file is dropped, not kept as
+    a reusable copy, and own.json still names the node; the next call claims the next epoch
+    and restores from the bucket, every acknowledged write included."""
+    cut = CuttableBucket(sw_bucket)
+    node = make_node(cut, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        for _ in range(3):
+            cell.increment("x")
+        assert node.hibernate(CELL)
+        path = node._dormant[CELL].copy.path
+        cut.cut = True
+        node._release_dormant(CELL)
+        cut.cut = False
+        assert node.hibernated_cells() == 0 and CELL not in node._local
+        assert not path.exists()
+        assert owner(sw_bucket) == ("n1", 1)  # nothing was written
+        assert cell.increment("x") == 4
+        assert node.state()["cells"][0]["restored_from"] == "bucket"
+        assert owner(sw_bucket) == ("n1", 2)
     finally:
         node.stop()
