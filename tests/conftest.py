@@ -25,7 +25,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
     server.start()
     yield server
-    server.stop()
+    server.stop(grace=0)  # throwaway data: no need to wait for a clean shutdown
 
 
 @pytest.fixture(scope="session")

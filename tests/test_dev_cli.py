@@ -13,8 +13,11 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.fleet_harness import COUNTER_APP, NODE_HEADER, wait_for
+
+pytestmark = pytest.mark.fleet
 
 
 def _gone(pid: int) -> bool:

@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
@@ -1237,7 +1238,8 @@ ProtocolModel.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestProtocolModel = ProtocolModel.TestCase
+# A thousand runs take half a minute: once per tox run (``tox -e fleet``), not per Python.
+TestProtocolModel = pytest.mark.slow(ProtocolModel.TestCase)
 
 
 # --- scripted scenarios: the interesting interleavings, deterministically ------------------

@@ -272,8 +272,8 @@ def _check_reserved(conn: sqlite3.Connection) -> None:
     runtime table (catches what the authorizer cannot see, e.g. a RENAME TO the prefix)."""
     found = conn.execute(
         "SELECT type, name, sql FROM main.sqlite_master "
-        "WHERE substr(name, 1, ?1) = ?2 OR substr(tbl_name, 1, ?1) = ?2",
-        (len(RESERVED_PREFIX), RESERVED_PREFIX),
+        "WHERE substr(name, 1, ?) = ? OR substr(tbl_name, 1, ?) = ?",
+        (len(RESERVED_PREFIX), RESERVED_PREFIX) * 2,
     ).fetchall()
     for kind, name, sql in found:
         ours = (kind == "table" and RUNTIME_SQL.get(str(name)) == sql) or (

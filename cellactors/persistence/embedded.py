@@ -123,15 +123,20 @@ class SeaweedServer:
         self.stop()
         raise ConfigError(f"SeaweedFS did not answer within {timeout:.0f}s; see {self.log_path}")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after ``grace`` seconds (at once when 0,
+        for throwaway data: a server with many buckets takes seconds to shut down)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if grace > 0:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc.kill()
+        self.proc.wait()
 
     def __enter__(self) -> SeaweedServer:
         return self.start()
