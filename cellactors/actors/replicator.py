@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
@@ -25,7 +26,7 @@ from cellactors.errors import BucketError, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.ownership import OwnerRecord, OwnershipStore
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,23 @@ class Replicator(pykka.ThreadingActor):
         batch = Batch(self.cell_id, self.epoch, txns)
         body = encode_batch(batch)
         key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
-        self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
-        record = self._retry(lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read")
+        put_done = threading.Event()
+
+        def put_then_reread() -> OwnerRecord | None:
+            self.bucket.put(key, body)
+            put_done.set()
+            return self.ownership.read_owner(self.cell_id)
+
+        try:
+            # Both requests in one pool task: no hand-off back to this actor between them
+            # (the re-read still starts only after the PUT's answer).
+            record = self._once(put_then_reread, deadline, "batch upload")
+        except BucketError:  # then one request at a time, backing off between attempts
+            if not put_done.is_set():
+                self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
+            record = self._retry(
+                lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read"
+            )
         node = record.node if record else None
         epoch = record.epoch if record else None
         if not owner_still(node, epoch, self.ownership.node, self.epoch):
@@ -162,20 +178,26 @@ class Replicator(pykka.ThreadingActor):
             )
         return len(body)
 
+    def _once(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
+        """Run ``op`` once on the request pool, waiting at most until the deadline: a
+        request that hangs is abandoned there, and the write is then not proven. A store
+        error is raised as it is."""
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise concurrent.futures.TimeoutError
+            return _requests.submit(op).result(timeout=remaining)
+        except concurrent.futures.TimeoutError:
+            raise NotDurable(
+                f"{what} could not be proven within {self.deadline_s:g}s: no answer"
+            ) from None
+
     def _retry(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
-        """Run ``op`` (retrying store errors) until it succeeds or the deadline passes. A
-        request that hangs is abandoned at the deadline: the write is then not proven."""
+        """Run ``op`` (retrying store errors) until it succeeds or the deadline passes."""
         delay = 0.05
         while True:
-            remaining = deadline - time.monotonic()
             try:
-                if remaining <= 0:
-                    raise concurrent.futures.TimeoutError
-                return _requests.submit(op).result(timeout=remaining)
-            except concurrent.futures.TimeoutError:
-                raise NotDurable(
-                    f"{what} could not be proven within {self.deadline_s:g}s: no answer"
-                ) from None
+                return self._once(op, deadline, what)
             except BucketError as err:
                 if time.monotonic() + delay >= deadline:
                     raise NotDurable(
