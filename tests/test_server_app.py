@@ -206,6 +206,15 @@ class FakeNode:
                 self.recorded[key] = (method, kwargs, result)
         return result
 
+    def submit_here(self, *args: Any, **kwargs: Any) -> None:
+        return None  # every call takes the blocking path, where the script runs
+
+    def still_pending(self, sub: Any) -> bool:
+        raise AssertionError("nothing is ever submitted to a FakeNode")
+
+    def answer(self, sub: Any) -> Any:
+        raise AssertionError("nothing is ever submitted to a FakeNode")
+
     def may_answer(self) -> bool:
         return self.answering and self.status in ("serving", "draining", "stopped")
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pykka
 
@@ -57,6 +57,7 @@ from cellactors.persistence.leases import LeaseStore, now_ms
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.ownership import OwnershipStore
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -110,6 +111,18 @@ class Dormant:
 
     copy: LocalCopy
     last_used: float
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A call handed to an active cell without blocking (:meth:`Node.submit_here`)."""
+
+    cls_name: str
+    method: str
+    invoke: Invoke
+    active: Active
+    started: float  # monotonic
+    deadline: float  # monotonic: no answer by then is ``NotDurable``
 
 
 class Node:
@@ -254,14 +267,22 @@ class Node:
         Every call is counted in the metrics by its outcome; one found owned by a live peer
         (:class:`~cellactors.errors.RemoteOwner`) is counted as routed away instead, since
         the owner counts it."""
+        return self._counted(
+            cls_name,
+            method,
+            time.monotonic(),
+            lambda: self._call(
+                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check, chain
+            ),
+        )
+
+    def _counted(self, cls_name: str, method: str, started: float, run: Callable[[], T]) -> T:
+        """``run()``, counted in the metrics by its outcome (see :meth:`call`)."""
         cls = self.classes.get(cls_name)
         cls_label = cls_name if cls is not None else UNSERVED
         method_label = method if cls is not None and method in cls.exposed_methods() else UNSERVED
-        started = time.monotonic()
         try:
-            result = self._call(
-                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check, chain
-            )
+            result = run()
         except RemoteOwner:
             self.metrics.forwarded.labels(cls_label).inc()
             raise
@@ -277,6 +298,86 @@ class Node:
         self.metrics.call_done(cls_label, method_label, OK)
         self.metrics.call_duration.labels(cls_label).observe(time.monotonic() - started)
         return result
+
+    def submit_here(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        reply: pykka.Future[Any],
+        timeout: float | None = None,
+        key: str | None = None,
+        result_check: Callable[[Any], None] | None = None,
+    ) -> Submitted | None:
+        """Hand a call to its cell without blocking, when the cell is active on this node:
+        an event loop can then wait for ``reply`` instead of parking a thread in
+        :meth:`call`. Returns None whenever the call needs :meth:`call` instead (an
+        activation, a route, a wake, a refusal, a node that is not serving): nothing was
+        sent then. Finish a submitted call with :meth:`answer` once ``reply`` is set, and
+        ask :meth:`still_pending` while it is not."""
+        if self.status != "serving" or self.deadline.passed():
+            return None
+        cls = self.classes.get(cls_name)
+        if cls is None or method not in cls.exposed_methods():
+            return None
+        if key is not None and not calls.valid_key(key):
+            return None
+        try:
+            cell_id = keys.make_cell_id(cls_name, name)
+            check_serializable([[], kwargs], "arguments")
+        except (CallError, InvalidCellId):
+            return None
+        host = self._hosts.get(cell_id)
+        active = host.active if host is not None and host.ready.is_set() else None
+        if active is None:
+            return None
+        invoke = Invoke(
+            method,
+            (),
+            dict(kwargs),
+            reply,
+            key=key,
+            result_check=result_check,
+            retention=self.settings.retention(),
+        )
+        try:
+            active.cell.tell(invoke)
+        except pykka.ActorDeadError:
+            return None
+        started = time.monotonic()
+        budget = self.settings.call_timeout if timeout is None else timeout
+        return Submitted(cls_name, method, invoke, active, started, started + budget)
+
+    def still_pending(self, sub: Submitted) -> bool:
+        """A submitted call without its answer yet: False if the cell stopped without taking
+        it (it ran nowhere: send it again through :meth:`call`); raises ``NotDurable``
+        (counted) once the call's deadline has passed, as :meth:`call` would."""
+        if not sub.invoke.started.is_set() and not sub.active.cell.is_alive():
+            return False
+        if time.monotonic() >= sub.deadline:
+            cell_id = sub.active.runtime.cell_id
+
+            def timed_out() -> None:
+                raise NotDurable(f"no answer from {cell_id} within the call timeout")
+
+            self._counted(sub.cls_name, sub.method, sub.started, timed_out)
+        return True
+
+    def answer(self, sub: Submitted) -> Any:
+        """The answer of a submitted call whose reply is set, counted in the metrics; held
+        back (``NotDurable``) if the node fenced meanwhile, as :meth:`call` does."""
+
+        def result() -> Any:
+            value = sub.invoke.reply.get(timeout=0)
+            if not self.may_answer():
+                raise NotDurable(
+                    f"node {self.node_id} fenced itself before the answer could be sent"
+                )
+            return value
+
+        return self._counted(sub.cls_name, sub.method, sub.started, result)
 
     def _call(
         self,

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -56,7 +57,11 @@ from cellactors.errors import (
 )
 from cellactors.persistence import keys
 from cellactors.server import codec, fleet_page, signing
+from cellactors.server.loop_reply import LoopReply
 from cellactors.server.peer_calls import CHAIN_HEADER, decode_chain
+
+if TYPE_CHECKING:
+    from cellactors.actors.node import Submitted
 
 log = logging.getLogger("cellactors.server")
 
@@ -68,6 +73,8 @@ CHANGES_ROUTE = "/cells/{cls_name}/{name}/changes"
 NDJSON_TYPE = "application/x-ndjson"
 INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"
 SERVING = "serving"
+#: How often a request waiting on a cell's reply checks that the cell is still there.
+PENDING_CHECK_S = 0.25
 _PROGRESS = "cellactors.progress"  # scope key of the request's _Progress
 
 
@@ -92,6 +99,23 @@ class NodeLike(Protocol):
         result_check: Callable[[Any], None] | None = None,
         chain: tuple[str, ...] = (),
     ) -> Any: ...
+
+    def submit_here(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        reply: LoopReply,
+        timeout: float | None = None,
+        key: str | None = None,
+        result_check: Callable[[Any], None] | None = None,
+    ) -> Submitted | None: ...
+
+    def still_pending(self, sub: Submitted) -> bool: ...
+
+    def answer(self, sub: Submitted) -> Any: ...
 
     def may_answer(self) -> bool: ...
 
@@ -206,6 +230,42 @@ class _Core:
     async def run(self, func: Callable[..., T], *args: Any) -> T:
         """Run a blocking node method in a worker thread under the call limiter."""
         return await anyio.to_thread.run_sync(func, *args, limiter=self.limiter)
+
+    async def run_call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        key: str | None,
+        check: codec.ResultCheck,
+        blocking: Callable[[], T],
+    ) -> T | Any:
+        """A call: straight into the cell's mailbox when the cell is active on this node,
+        this task resuming when the cell sets the (durable) answer, with no worker thread
+        in between; otherwise ``blocking`` in a worker thread (activation, routing, a wake),
+        also when the cell stopped before it took the call (it ran nowhere)."""
+        async with self.limiter:
+            reply = LoopReply(asyncio.get_running_loop())
+            sub = self.node.submit_here(
+                cls_name,
+                name,
+                method,
+                kwargs,
+                reply=reply,
+                timeout=self.settings.call_timeout,
+                key=key,
+                result_check=check,
+            )
+            while sub is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(reply.done), PENDING_CHECK_S)
+                except asyncio.TimeoutError:
+                    if not self.node.still_pending(sub):
+                        break
+                    continue
+                return self.node.answer(sub)
+        return await self.run(blocking)
 
     def error(self, err: CallError, encoding: codec.Encoding, *, close: bool = False) -> Response:
         return error_response(
@@ -477,7 +537,15 @@ class _PublicCore(_Core):
         for attempt in (1, 2):
             _hand_over(request)
             try:
-                result = await self.run(self._call, call, check)
+                result = await self.run_call(
+                    call.cls_name,
+                    call.name,
+                    call.method,
+                    call.kwargs,
+                    call.key,
+                    check,
+                    functools.partial(self._call, call, check),
+                )
             except RemoteOwner as owner:
                 answer, reroute = await self.forward(owner, call)
                 if attempt == 1 and reroute:
@@ -674,7 +742,13 @@ class _InternalCore(_Core):
             kwargs = codec.decode_kwargs(body, encoding)
             chain = decode_chain(request.headers.get(CHAIN_HEADER))  # a call between cells
             _hand_over(request)
-            result = await self.run(self._call, cls_name, name, method, kwargs, key, check, chain)
+            blocking = functools.partial(
+                self._call, cls_name, name, method, kwargs, key, check, chain
+            )
+            if chain:  # a call between cells: its cycle check is the blocking path's
+                result = await self.run(blocking)
+            else:
+                result = await self.run_call(cls_name, name, method, kwargs, key, check, blocking)
         except ClientDisconnect:
             raise  # the answer guard logs it; nobody is left to answer
         except RemoteOwner as e:

@@ -1,0 +1,51 @@
+"""A cell's reply future that also wakes an asyncio task.
+
+The HTTP layer hands a call for a cell active on its node straight to the cell's mailbox
+(:meth:`~cellactors.actors.node.Node.submit_here`) instead of parking a worker thread on it.
+The cell (or the replicator, once the write is durable) sets the reply from its own thread;
+this future then schedules ``done`` on the event loop, so the request's task resumes with no
+thread hop in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import Any
+
+import pykka
+
+#: What ``sys.exc_info()`` returns (pykka's own alias is private).
+OptExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class LoopReply(pykka.ThreadingFuture[Any]):
+    """A :class:`pykka.ThreadingFuture` whose ``done`` (an asyncio future of ``loop``)
+    completes when the value or the exception is set. Create it on the loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def _wake(self) -> None:
+        # A loop closed meanwhile has nobody left waiting on ``done``.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_resolve, self.done)
+
+    def set(self, value: Any | None = None) -> None:
+        super().set(value)
+        self._wake()
+
+    def set_exception(self, exc_info: OptExcInfo | None = None) -> None:
+        super().set_exception(exc_info)
+        self._wake()
+
+
+__all__ = ["LoopReply"]
