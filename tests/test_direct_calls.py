@@ -99,6 +99,18 @@ def test_a_cold_cell_takes_the_blocking_path(
     assert bad.status_code == 404 and (spy.submitted, spy.blocking) == (0, 2)
 
 
+def test_a_forwarded_call_to_an_active_cell_skips_the_worker_thread_too(
+    sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with served_node(sw_bucket, "n1") as owner, served_node(sw_bucket, "n2") as other:
+        assert _result(owner, "increment", {"name": "x"}) == 1  # active on n1
+        spy = _Spy(owner.node, monkeypatch)
+        through = httpx.post(f"{other.public}/cells/Counter/a/increment", json={"name": "x"})
+        assert through.status_code == 200 and through.json()["result"] == 2
+        assert through.headers["x-cellactors-node"] == "n1"
+        assert (spy.submitted, spy.blocking) == (1, 0)
+
+
 @pytest.fixture
 def node(sw_bucket: S3Bucket) -> Iterator[Node]:
     node = make_node(sw_bucket, "n1")
