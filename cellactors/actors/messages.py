@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr
 
 from cellactors.persistence.calls import Retention
 
@@ -84,3 +85,24 @@ class Flush:
     """Ask the replicator to ship everything and answer when all is acknowledged or failed."""
 
     done: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
+
+
+def ask_method(
+    ref: pykka.ActorRef[Any], method: str, *args: Any, **kwargs: Any
+) -> pykka.Future[Any]:
+    """Call ``method`` on the actor behind ``ref``, in its thread: what
+    ``ref.proxy().method(*args, **kwargs)`` does, without building the proxy (pykka
+    inspects every attribute of the actor for each new proxy, which was a large part of
+    activating and waking a cell)."""
+    return ref.ask(ProxyCall(attr_path=(method,), args=args, kwargs=kwargs), block=False)
+
+
+def ask_attribute(ref: pykka.ActorRef[Any], name: str) -> pykka.Future[Any]:
+    """Read attribute ``name`` of the actor behind ``ref`` in its thread (no proxy)."""
+    return ref.ask(ProxyGetAttr(attr_path=(name,)), block=False)
+
+
+def tell_attribute(ref: pykka.ActorRef[Any], name: str, value: Any) -> None:
+    """Set attribute ``name`` of the actor behind ``ref`` in its thread, after the messages
+    already in its mailbox (no proxy)."""
+    ref.tell(ProxySetAttr(attr_path=(name,), value=value))

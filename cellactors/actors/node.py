@@ -24,7 +24,7 @@ from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
-from cellactors.actors.messages import FireAlarm, Invoke, ReadWakes
+from cellactors.actors.messages import FireAlarm, Invoke, ReadWakes, ask_method
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
@@ -524,6 +524,7 @@ class Node:
     def _activate(
         self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float
     ) -> Active:
+        inline = False
         with self._lock:
             if self.status != "serving":
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
@@ -534,12 +535,19 @@ class Node:
                     raise RemoteOwner(route[0].node, route[0].addr, route[0].generation)
                 host = CellHost(cell_id, cls)
                 self._hosts[cell_id] = host
-                threading.Thread(
-                    target=self._run_activation,
-                    args=(host, forwarded),
-                    daemon=True,
-                    name=f"activate-{cell_id}",
-                ).start()
+                # A hibernated cell wakes from its own file with no bucket request: in this
+                # thread, sparing a thread start. Anything else activates in a thread of its
+                # own, so that a slow store cannot keep the caller past its timeout.
+                inline = cell_id in self._dormant
+                if not inline:
+                    threading.Thread(
+                        target=self._run_activation,
+                        args=(host, forwarded),
+                        daemon=True,
+                        name=f"activate-{cell_id}",
+                    ).start()
+        if inline:
+            self._run_activation(host, forwarded)
         return host.wait(timeout)
 
     def _run_activation(self, host: CellHost, forwarded: bool) -> None:
@@ -562,11 +570,12 @@ class Node:
             sink=lambda epoch: self.alarms.sink(cell_id, epoch),
         )
         host.ownership = own
-        proxy = own.proxy()
         try:
-            host.active = self._wake(proxy, cell_id)
+            host.active = self._wake(own, cell_id)
             if host.active is None:
-                outcome = proxy.acquire(lambda: None if forwarded else self._place()).get()
+                outcome = ask_method(
+                    own, "acquire", lambda: None if forwarded else self._place()
+                ).get()
                 if isinstance(outcome, acquire.Remote):
                     with self._lock:
                         expiry = time.monotonic() + self.settings.lease_ttl
@@ -579,7 +588,7 @@ class Node:
                 with self._lock:
                     local = self._local.pop(cell_id, None)
                 prev = None if outcome.takeover else outcome.epoch - 1
-                host.active = proxy.activate(outcome, local, prev).get()
+                host.active = ask_method(own, "activate", outcome, local, prev).get()
             self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             if self.status in ("fenced", "stopped"):  # a draining node releases it below
                 raise NodeUnavailable(f"node {self.node_id} is {self.status}")
@@ -598,7 +607,7 @@ class Node:
             self.alarms.released(cell_id)  # hosted nowhere here: scans treat it as such
             try:
                 if host.active is not None:
-                    proxy.abandon(host.error).get()
+                    ask_method(own, "abandon", host.error).get()
             except pykka.ActorDeadError:
                 pass  # a fence already stopped the ownership actor and failed the cell
             finally:
@@ -622,7 +631,7 @@ class Node:
         if state.outbox:
             self.outbox.kick(cell_id)
 
-    def _wake(self, proxy: Any, cell_id: str) -> Active | None:
+    def _wake(self, own: pykka.ActorRef[Any], cell_id: str) -> Active | None:
         """Resume ``cell_id`` if it hibernates here (no bucket request). None when it does not,
         or when its file cannot be resumed: then the copy is offered to the ordinary acquire
         path (which claims the next epoch and reuses the file if it is intact)."""
@@ -631,7 +640,7 @@ class Node:
         if dormant is None:
             return None
         try:
-            active: Active = proxy.resume(dormant.copy).get()
+            active: Active = ask_method(own, "resume", dormant.copy).get()
         except ActivationFailed as err:
             log.info("hibernated %s not resumed: %s", cell_id, err)
             with self._lock:
@@ -669,7 +678,9 @@ class Node:
             self.alarms.released(host.cell_id)
             if host.ownership is not None:
                 try:
-                    host.ownership.proxy().abandon(error).get(timeout=self.settings.op_deadline)
+                    ask_method(host.ownership, "abandon", error).get(
+                        timeout=self.settings.op_deadline
+                    )
                     if host.active is not None:
                         host.active.cell.stop(block=True, timeout=self.settings.op_deadline)
                         host.active.runtime.database.discard()
@@ -722,11 +733,9 @@ class Node:
         if not keep_ownership:
             self.alarms.released(host.cell_id)
         try:
-            local: LocalCopy | None = (
-                host.ownership.proxy()
-                .release(self.settings.op_deadline, keep_ownership)
-                .get(timeout=self.settings.op_deadline * 3)
-            )
+            local: LocalCopy | None = ask_method(
+                host.ownership, "release", self.settings.op_deadline, keep_ownership
+            ).get(timeout=self.settings.op_deadline * 3)
         except pykka.Timeout:
             local = None
         host.ownership.stop(block=False)

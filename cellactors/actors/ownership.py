@@ -18,7 +18,7 @@ import pykka
 
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
-from cellactors.actors.messages import Flush, Kick, Open
+from cellactors.actors.messages import Flush, Kick, Open, ask_attribute, tell_attribute
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.core import acquire as acq
@@ -232,7 +232,7 @@ class OwnershipActor(pykka.ThreadingActor):
         )
         channel.on_commit = lambda: replicator.tell(Kick())
         cell = self.cls.start()
-        replicator.proxy().cell_ref = cell
+        tell_attribute(replicator, "cell_ref", cell)
         try:
             cell.ask(Open(runtime), timeout=self.deadline_s + 5)
         except BaseException as err:
@@ -298,7 +298,7 @@ class OwnershipActor(pykka.ThreadingActor):
             flush = Flush()
             active.replicator.tell(flush)
             clean = bool(flush.done.get(timeout=timeout))
-            chain = active.replicator.proxy().chain.get(timeout=timeout)
+            chain = ask_attribute(active.replicator, "chain").get(timeout=timeout)
         except (pykka.Timeout, pykka.ActorDeadError):
             clean = False
         active.replicator.stop(block=False)
