@@ -120,7 +120,11 @@ def test_a_sigkilled_owners_alarm_fires_once_on_another_node(
     assert owners <= {"a0", "a2"} and len(owners) == 1
     survivor = next(n for n in fl if n.node_id in owners)
     labels = {"class": "Reminder", "result": "fired"}
-    assert metric(survivor, "cellactors_alarm_runs_total", **labels) >= 1
+    wait_for(
+        "the run counted",
+        lambda: metric(survivor, "cellactors_alarm_runs_total", **labels) >= 1,
+        10,
+    )
 
 
 def test_a_failing_alarm_backs_off_and_is_abandoned(fleet: tuple[Fleet, S3Bucket]) -> None:
