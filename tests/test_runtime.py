@@ -526,6 +526,58 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
         node.stop()
 
 
+class FailsOnce(CuttableBucket):
+    """The next batch PUT (``"batch"``) or ``own.json`` GET (``"own"``) fails with a store
+    error, once."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner)
+        self.armed: str | None = None
+
+    def _fire(self, what: str) -> None:
+        if self.armed == what:
+            self.armed = None
+            from cellactors.errors import BucketError
+
+            raise BucketError(f"one failed {what} request (test)")
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        if key.endswith(".batch"):
+            self._fire("batch")
+        return self.inner.put(key, body)
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        if key.endswith("own.json"):
+            self._fire("own")
+        return self.inner.get(key)
+
+
+@pytest.mark.parametrize(
+    ("failing", "requests"),
+    [
+        # The PUT failed: it is sent again, then the re-read.
+        ("batch", {("put", "batch"): 2, ("get", "own"): 1}),
+        # The PUT landed and the re-read failed: only the re-read is sent again.
+        ("own", {("put", "batch"): 1, ("get", "own"): 2}),
+    ],
+)
+def test_a_store_error_in_the_upload_retries_only_the_request_that_failed(
+    sw_bucket: S3Bucket, failing: str, requests: dict[tuple[str, str], int]
+) -> None:
+    flaky = FailsOnce(sw_bucket)
+    node = make_node(flaky, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        flaky.armed = failing
+        before = node.bucket.snapshot()
+        assert cell.increment("x") == 2  # acknowledged despite the failure
+        assert flaky.armed is None
+        assert delta(node, before) == Tally(requests)
+    finally:
+        node.stop()
+
+
 class BrokenOnceBucket(CuttableBucket):
     """The next batch upload raises an unexpected (non-store) error."""
 

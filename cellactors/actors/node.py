@@ -113,6 +113,12 @@ class Dormant:
     last_used: float
 
 
+def _no_answer(active: Active) -> NotDurable:
+    """The error of a call whose deadline passed with its answer still held (it may have
+    run)."""
+    return NotDurable(f"no answer from {active.runtime.cell_id} within the call timeout")
+
+
 @dataclass(frozen=True)
 class Submitted:
     """A call handed to an active cell without blocking (:meth:`Node.submit_here`)."""
@@ -319,14 +325,8 @@ class Node:
         ask :meth:`still_pending` while it is not."""
         if self.status != "serving" or self.deadline.passed():
             return None
-        cls = self.classes.get(cls_name)
-        if cls is None or method not in cls.exposed_methods():
-            return None
-        if key is not None and not calls.valid_key(key):
-            return None
         try:
-            cell_id = keys.make_cell_id(cls_name, name)
-            check_serializable([[], kwargs], "arguments")
+            _cls, cell_id, kwargs = self._checked(cls_name, name, method, (), kwargs, key)
         except (CallError, InvalidCellId):
             return None
         host = self._hosts.get(cell_id)
@@ -336,7 +336,7 @@ class Node:
         invoke = Invoke(
             method,
             (),
-            dict(kwargs),
+            kwargs,
             reply,
             key=key,
             result_check=result_check,
@@ -357,10 +357,9 @@ class Node:
         if not sub.invoke.started.is_set() and not sub.active.cell.is_alive():
             return False
         if time.monotonic() >= sub.deadline:
-            cell_id = sub.active.runtime.cell_id
 
             def timed_out() -> None:
-                raise NotDurable(f"no answer from {cell_id} within the call timeout")
+                raise _no_answer(sub.active)
 
             self._counted(sub.cls_name, sub.method, sub.started, timed_out)
         return True
@@ -371,13 +370,41 @@ class Node:
 
         def result() -> Any:
             value = sub.invoke.reply.get(timeout=0)
-            if not self.may_answer():
-                raise NotDurable(
-                    f"node {self.node_id} fenced itself before the answer could be sent"
-                )
+            self._may_send_answer()
             return value
 
         return self._counted(sub.cls_name, sub.method, sub.started, result)
+
+    def _checked(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        key: str | None,
+    ) -> tuple[type[CellActor], str, dict[str, Any]]:
+        """What every call is checked for before it is sent: a served class and public
+        method, a valid cell id and key, serializable arguments. Returns the class, the cell
+        id and a copy of the keyword arguments; raises the error to answer (``not_run``)."""
+        cls = self.classes.get(cls_name)
+        if cls is None:
+            raise UnknownCell(f"no cell class {cls_name!r} is served here")
+        if method not in cls.exposed_methods():
+            raise UnknownMethod(f"{cls_name} has no public method {method!r}")
+        cell_id = keys.make_cell_id(cls_name, name)
+        kwargs = dict(kwargs or {})
+        check_serializable([list(args), kwargs], "arguments")
+        if key is not None and not calls.valid_key(key):
+            limit = calls.MAX_KEY_LENGTH
+            raise BadRequest(f"invalid idempotency key {str(key)[:40]!r}: use 1-{limit} characters")
+        return cls, cell_id, kwargs
+
+    def _may_send_answer(self) -> None:
+        """Checked right before a held answer leaves: a node that fenced (or whose lease
+        deadline passed) while the answer was held answers nothing."""
+        if not self.may_answer():
+            raise NotDurable(f"node {self.node_id} fenced itself before the answer could be sent")
 
     def _call(
         self,
@@ -395,12 +422,7 @@ class Node:
         """The body of :meth:`call`."""
         if self.status == "serving" and self.deadline.passed():
             self.fence("the lease deadline passed (was this process paused?)")
-        cls = self.classes.get(cls_name)
-        if cls is None:
-            raise UnknownCell(f"no cell class {cls_name!r} is served here")
-        if method not in cls.exposed_methods():
-            raise UnknownMethod(f"{cls_name} has no public method {method!r}")
-        cell_id = keys.make_cell_id(cls_name, name)
+        cls, cell_id, kwargs = self._checked(cls_name, name, method, args, kwargs, key)
         chain = tuple(chain)
         if alarm_rules.cycle_in(chain, cell_id):
             raise CallCycle(
@@ -409,11 +431,6 @@ class Node:
             )
         if len(chain) >= alarm_rules.MAX_CHAIN:
             raise BadRequest(f"call chain longer than {alarm_rules.MAX_CHAIN} cells")
-        kwargs = dict(kwargs or {})
-        check_serializable([list(args), kwargs], "arguments")
-        if key is not None and not calls.valid_key(key):
-            limit = calls.MAX_KEY_LENGTH
-            raise BadRequest(f"invalid idempotency key {str(key)[:40]!r}: use 1-{limit} characters")
         retention = self.settings.retention()
         budget = self.settings.call_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
@@ -436,12 +453,7 @@ class Node:
             delivered, result = self._await(invoke, active, deadline)
             if not delivered:
                 continue  # the cell stopped before it took the call: it ran nowhere
-            if not self.may_answer():
-                # Checked right before the answer leaves: a node that fenced (or whose lease
-                # deadline passed) while the answer was held answers nothing.
-                raise NotDurable(
-                    f"node {self.node_id} fenced itself before the answer could be sent"
-                )
+            self._may_send_answer()
             return result
         raise ActivationFailed(f"{cell_id} kept moving while routing the call")
 
@@ -517,9 +529,7 @@ class Node:
                 if not invoke.started.is_set() and not active.cell.is_alive():
                     return False, None
                 if remaining <= 0:
-                    raise NotDurable(
-                        f"no answer from {active.runtime.cell_id} within the call timeout"
-                    ) from None
+                    raise _no_answer(active) from None
 
     def _activate(
         self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float

@@ -239,8 +239,8 @@ class _Core:
         kwargs: dict[str, Any],
         key: str | None,
         check: codec.ResultCheck,
-        blocking: Callable[[], T],
-    ) -> T | Any:
+        blocking: Callable[[], Any],
+    ) -> Any:
         """A call: straight into the cell's mailbox when the cell is active on this node,
         this task resuming when the cell sets the (durable) answer, with no worker thread
         in between; otherwise ``blocking`` in a worker thread (activation, routing, a wake),
