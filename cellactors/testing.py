@@ -34,7 +34,7 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
 from cellactors.core.changes import Change
 from cellactors.core.types import Applied, Match
-from cellactors.errors import RemoteOwner
+from cellactors.errors import NodeUnavailable, RemoteOwner
 from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.calls import RESERVED_PREFIX
@@ -116,7 +116,26 @@ class Fleet:
             advertise=f"127.0.0.1:{20000 + index}",  # in-process: never dialled
             data_dir=self.data_dir / "nodes",
         )
-        return Node(self.bucket, node_id, self.classes, settings).start()
+        node = Node(self.bucket, node_id, self.classes, settings).start()
+        node.set_forwarder(self._forward)  # calls between cells and the outbox reach peers
+        return node
+
+    def _forward(
+        self,
+        owner: RemoteOwner,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        key: str | None,
+        chain: tuple[str, ...],
+    ) -> Any:
+        """A call a node hands to the owner of its cell: the owner's ``Node`` runs it, as
+        its internal listener would; a stopped owner never answers (the call ran nowhere)."""
+        target = next((n for n in self.nodes if n.node_id == owner.node), None)
+        if target is None or owner.node in self._down:
+            raise NodeUnavailable(f"{owner.node} is down")
+        return target.call(cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain)
 
     # --- nodes ---------------------------------------------------------------------------
 

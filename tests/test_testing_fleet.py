@@ -9,7 +9,7 @@ import pytest
 
 from cellactors.errors import NodeUnavailable
 from cellactors.testing import Fleet, NodeDown
-from tests.alarm_cells import Reminder
+from tests.alarm_cells import Hop, Reminder
 from tests.cells import Counter
 from tests.runtime_helpers import eventually
 
@@ -72,3 +72,14 @@ def test_advancing_alarm_time_fires_alarms_an_hour_away(
         eventually(lambda n=name: len(fleet.call(Reminder, n, "fired", via=0)) == 1, timeout=10)
     assert fleet.owner(Reminder, "orphan") == "node-0"
     assert all(n.status == "serving" for n in fleet.nodes if n.node_id == "node-0")
+
+
+def test_a_cell_calls_a_cell_its_peer_owns(cellactors_fleet: Callable[..., Fleet]) -> None:
+    fleet = cellactors_fleet([Hop], nodes=2)
+    assert fleet.call(Hop, "y", "relay", path=[], via=1) == ["y"]
+    assert fleet.call(Hop, "x", "relay", path=["y"], value="v", via=0) == ["x", "y"]
+    assert (fleet.owner(Hop, "x"), fleet.owner(Hop, "y")) == ("node-0", "node-1")
+    assert fleet.call(Hop, "y", "seen", via=1) == ["", "v"]
+    fleet.kill(1)  # the forward to it runs nowhere; the route is forgotten, y taken over
+    assert fleet.call(Hop, "x", "relay", path=["y"], via=0) == ["x", "y"]
+    assert fleet.owner(Hop, "y") == "node-0"
