@@ -20,7 +20,8 @@ from cellactors.cli import main
 from cellactors.core.changes import Change, HistoryCollected
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
-from cellactors.persistence.feed import follow_changes, read_changes
+from cellactors.persistence.feed import FeedReader, follow_changes, read_changes
+from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.restore import read_seal
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
@@ -217,3 +218,34 @@ def test_cli_feed_prints_json_lines(sw_bucket: S3Bucket, seaweed: Any) -> None:
         main, ["feed", "--bucket", spec, "--endpoint", seaweed.endpoint, "--cell", "nope"]
     )
     assert bad.exit_code == 2 and "error:" in bad.output
+
+
+class _Listings(MemoryBucket):
+    """Records the prefix of every LIST."""
+
+    def __init__(self) -> None:
+        super().__init__("listings")
+        self.prefixes: list[str] = []
+
+    def list(self, prefix):  # type: ignore[no-untyped-def]
+        self.prefixes.append(prefix)
+        return super().list(prefix)
+
+
+def test_an_idle_follower_lists_only_the_owner_epoch_folder() -> None:
+    bucket = _Listings()
+    node = make_node(bucket, "n1")
+    try:
+        for _ in range(3):
+            node.cell(Counter, "a").increment("x")
+        reader = FeedReader(bucket, "Counter:a")
+        assert [c.txid for c in reader.read(0).changes][-1] >= 3
+        last = reader.read(0).changes[-1].txid
+        bucket.prefixes.clear()
+        for _ in range(3):  # nothing new: each round lists e1/ only
+            assert reader.read(last).changes == []
+        assert bucket.prefixes == [keys.epoch_dir("Counter:a", 1)] * 3
+        node.cell(Counter, "a").increment("x")
+        assert [c.txid for c in reader.read(last).changes] == [last + 1]
+    finally:
+        node.stop()

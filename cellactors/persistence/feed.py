@@ -153,7 +153,8 @@ class FeedReader:
                 changes = changes[:limit]
                 break
         caught_up = (limit is None or len(changes) < limit) and planned.waiting_for is None
-        last = planned.steps[-1].epoch if planned.steps else None
+        # Nothing new keeps the tail it was read from: an idle follower lists one folder.
+        last = planned.steps[-1].epoch if planned.steps else tail
         self._tail_epoch = owner_epoch if caught_up and last == owner_epoch else None
         return FeedPage(after, changes, owner_epoch, planned.waiting_for)
 
