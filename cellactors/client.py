@@ -333,7 +333,7 @@ class Client:
                         if change.txid <= pos:
                             continue
                         pos = change.txid
-                        failures = 0
+                        start, failures = (start + failures) % len(self.urls), 0  # stay here
                         yield change
             except _FeedRetry as retry:
                 err = retry.error
@@ -342,6 +342,9 @@ class Client:
             if err is None:
                 if not follow:
                     return
+                # A round that ended well: stay on this node, and earlier failures do not add
+                # up (a quiet feed would otherwise give up after max_attempts blips).
+                start, failures = (start + failures) % len(self.urls), 0
                 continue
             failures += 1
             if failures >= self.max_attempts:
