@@ -5,7 +5,7 @@ even when their sender's node crashes."""
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -138,20 +138,13 @@ def test_a_redelivered_message_has_one_effect(sw_bucket: S3Bucket) -> None:
     node = alarm_node(sw_bucket, "n1")
     try:
         kwargs = {"sender": "s", "value": "once"}
-        results = set()
-        threads = [
-            threading.Thread(
-                target=lambda: results.add(
-                    node.call_cell("Inbox", "i", "receive", kwargs, key="outbox.abc")
-                )
-            )
-            for _ in range(3)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert results == {1}
+        with ThreadPoolExecutor(3) as pool:  # .result() re-raises a delivery's error
+            deliveries = [
+                pool.submit(node.call_cell, "Inbox", "i", "receive", kwargs, key="outbox.abc")
+                for _ in range(3)
+            ]
+            results = [d.result(timeout=30) for d in deliveries]
+        assert results == [1, 1, 1]
         assert node.cell(Inbox, "i").got() == [["s", "once"]]
     finally:
         node.stop()
