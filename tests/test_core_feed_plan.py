@@ -280,3 +280,11 @@ def test_covered_by_deletes_below_the_base_only() -> None:
     assert plan.batch_keys == (b(1, 1, 4),)
     assert plan.seal_epochs == (1,)
     assert plan.snapshot_keys == (snap(4, 1),)
+
+
+def test_feed_ignores_a_seal_re_created_below_a_snapshot_it_has_passed() -> None:
+    # Epoch 4's snapshot at txid 1 stands for everything before it; the seals of epochs 1
+    # and 2 were re-created by deposed restorers after a collection (docs/protocol.md).
+    objects = [seal(1), seal(2), snap(1, 4), b(4, 2, 2)]
+    for after in (1, 2):
+        assert txids(feed(objects, 4, {1: 3, 2: 3, 4: 9}, after)) == [(4, 2)][after - 1 :]

@@ -155,7 +155,13 @@ def plan_feed(
         return FeedPlan(after, ())
     listing = _without(listing, unusable)
     oldest = oldest_batch_txid(listing, owner_epoch)
-    epochs = sorted(e for e in {*listing.batches, *listing.seals} if e <= owner_epoch)
+    snaps = usable_snapshots(listing, owner_epoch + 1, seals)
+    if isinstance(snaps, NeedSeal):
+        return snaps
+    # Epochs below a usable snapshot the reader has passed hold nothing it still needs, and
+    # a seal a deposed restorer re-created there is never read (as a restore never does).
+    floor = max((s.epoch for s in snaps if s.txid <= after), default=0)
+    epochs = sorted(e for e in {*listing.batches, *listing.seals} if floor <= e <= owner_epoch)
     top_seal = max((e for e in listing.seals if e <= owner_epoch), default=None)
     pos = after
     steps: list[FeedStep] = []
