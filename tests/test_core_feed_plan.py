@@ -288,3 +288,12 @@ def test_feed_ignores_a_seal_re_created_below_a_snapshot_it_has_passed() -> None
     objects = [seal(1), seal(2), snap(1, 4), b(4, 2, 2)]
     for after in (1, 2):
         assert txids(feed(objects, 4, {1: 3, 2: 3, 4: 9}, after)) == [(4, 2)][after - 1 :]
+
+
+def test_feed_reports_a_missing_seal_below_a_written_epoch_instead_of_waiting() -> None:
+    # The owner of epoch 2 wrote a batch: it sealed epoch 1 first, so that seal is missing.
+    result = feed([b(1, 1, 2), b(2, 3, 3)], 2, {}, 0)
+    assert isinstance(result, Hole) and "seal is missing" in result.reason
+    # Epoch 2 claimed but not written yet: its owner may still be sealing epoch 1.
+    waiting = feed([b(1, 1, 2)], 2, {}, 0)
+    assert isinstance(waiting, FeedPlan) and waiting.waiting_for == 1

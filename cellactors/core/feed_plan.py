@@ -174,7 +174,7 @@ def plan_feed(
             f"ends at txid {pos}: batch objects are missing"
         )
 
-    for index, epoch in enumerate(epochs):
+    for epoch in epochs:
         refs = listing.batches.get(epoch, [])
         limit: int | None
         if epoch in listing.seals:
@@ -188,10 +188,13 @@ def plan_feed(
         elif epoch == owner_epoch:
             limit = None
         else:
-            sealed_later = [e for e in epochs[index + 1 :] if e in listing.seals]
-            if sealed_later:
+            # An owner seals the epochs below its own before it writes anything, so an
+            # unsealed epoch below a sealed or written one lost its seal (as for a restore).
+            written = {*listing.batches, *listing.seals, *(e for _t, e, _k in listing.snapshots)}
+            later = sorted(e for e in written if epoch < e <= owner_epoch)
+            if later:
                 return Hole(
-                    f"epoch {epoch} is unsealed though epoch {sealed_later[0]} was sealed "
+                    f"epoch {epoch} is unsealed though epoch {later[0]} was sealed or written "
                     "after it: its seal is missing"
                 )
             # Its end is decided by the seal the next owner writes at its activation.
