@@ -245,6 +245,35 @@ def test_point_excluded_snapshots_are_not_used() -> None:
     assert result.snapshot is None
 
 
+def test_point_is_not_stopped_by_a_hole_above_it() -> None:
+    # Epoch 1 is sealed at 8 but its batch 5..8 is gone: a restore to now fails, a restore
+    # to txid 3 neither reads nor checks anything above 3.
+    objects = [b(1, 1, 4), seal(1), b(2, 9, 9)]
+    assert isinstance(point(objects, 3, {1: 8}, 2**63), Hole)
+    result = point(objects, 3, {1: 8}, 3)
+    assert isinstance(result, Plan)
+    assert [r.key for r in result.reads] == [b(1, 1, 4)]
+    assert result.last_txid == 3
+
+
+def test_point_below_every_snapshot_with_its_batches_kept_is_not_collected() -> None:
+    # Every snapshot lies above the target, but the batches up to it are all there (a missing
+    # batch above it made the whole plan a hole, reported as collected).
+    objects = [b(1, 1, 4), seal(1), snap(8, 1), b(2, 9, 12)]
+    result = point(objects, 3, {1: 8}, 2)
+    assert isinstance(result, Plan)
+    assert result.snapshot is None
+    assert [r.key for r in result.reads] == [b(1, 1, 4)]
+    assert result.last_txid == 2
+
+
+def test_point_in_an_unsealed_owner_epoch_ignores_a_gap_above_it() -> None:
+    objects = [b(1, 1, 2), b(1, 3, 4), b(1, 7, 8)]  # 5..6 missing, above the target
+    result = point(objects, 2, {}, 4)
+    assert isinstance(result, Plan) and result.last_txid == 4
+    assert isinstance(point(objects, 2, {}, 6), Hole)
+
+
 # --- retention -------------------------------------------------------------------------------
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cellactors.core.restore_plan import (
     BatchRef,
-    EpochStep,
     Hole,
     Listing,
     NeedSeal,
@@ -250,7 +249,7 @@ def plan_point(
     (:class:`Collected` names the oldest snapshot still restorable)."""
     kept = [s for s in listing.snapshots if s[0] <= target and s[2] not in excluded]
     below = Listing(batches=listing.batches, seals=listing.seals, snapshots=kept)
-    planned = plan_restore(below, current, seals, unusable)
+    planned = plan_restore(below, current, seals, unusable, target=target)
     if isinstance(planned, NeedSeal):
         return planned
     if isinstance(planned, Hole):
@@ -262,15 +261,6 @@ def plan_point(
             oldest = min(later, key=lambda s: s.txid)
             return Collected(target, oldest.txid, oldest)
         return planned
-    steps = tuple(
-        EpochStep(
-            step.epoch,
-            step.after,
-            min(step.upto, target),
-            tuple(ref for ref in step.reads if ref.first <= target),
-            False,
-        )
-        for step in planned.steps
-        if step.after < target
-    )
+    # Read-only: nothing is sealed.
+    steps = tuple(replace(step, seal=False) for step in planned.steps)
     return Plan(planned.snapshot, steps)

@@ -217,6 +217,7 @@ def plan_restore(
     current: int,
     seals: Mapping[int, int],
     unusable: AbstractSet[str] = frozenset(),
+    target: int | None = None,
 ) -> PlanResult:
     """Plan the restore of a cell acquired at epoch ``current`` from one listing.
 
@@ -227,6 +228,9 @@ def plan_restore(
     epoch's chain, or a chain that ends below its seal or below what a later epoch or a
     snapshot proves, is a :class:`Hole`, never an unacknowledged tail. Only the end of an
     unsealed epoch's chain can be an unacknowledged tail, and it is sealed in whole.
+
+    ``target`` caps the plan at that txid (a read-only restore to a point): history above
+    it is neither read nor checked, so an object missing there does not stop the restore.
     """
     newer = superseded_by(listing, current)
     if newer is not None:
@@ -259,6 +263,8 @@ def plan_restore(
     # snapshot (even an unusable one) shows it.
     written = {*listing.batches, *listing.seals, *(e for _t, e, _k in listing.snapshots)}
     for epoch in epochs_to_restore(listing, snap.epoch if snap else 1, current):
+        if target is not None and pos >= target:
+            break
         refs = listing.batches.get(epoch, [])
         if refs and min(ref.first for ref in refs) - 1 > pos:
             return Hole(
@@ -270,8 +276,9 @@ def plan_restore(
                 continue
             if epoch not in seals:
                 return NeedSeal(epoch)
-            step = plan_epoch(listing, epoch, pos, seals[epoch])
-            if step.upto < seals[epoch]:
+            limit = seals[epoch] if target is None else min(seals[epoch], target)
+            step = plan_epoch(listing, epoch, pos, limit)
+            if step.upto < limit:
                 return Hole(
                     f"epoch {epoch} is sealed at txid {seals[epoch]} but its batches end at "
                     f"txid {step.upto}: batch objects are missing"
@@ -286,7 +293,14 @@ def plan_restore(
                     "after it: its seal is missing"
                 )
             step = plan_epoch(listing, epoch, pos, None)
-            beyond = [ref for ref in refs if ref.first > step.upto + 1]
+            if target is not None and step.upto > target:
+                reads, upto = chain(refs, pos, target)
+                step = EpochStep(epoch, pos, upto, tuple(reads), seal=False)
+            beyond = [
+                ref
+                for ref in refs
+                if ref.first > step.upto + 1 and (target is None or step.upto < target)
+            ]
             if beyond:
                 return Hole(
                     f"epoch {epoch}'s chain breaks after txid {step.upto} (a batch starts at "
@@ -295,6 +309,8 @@ def plan_restore(
         steps.append(step)
         pos = step.upto
     proven = proven_txid(listing, current, seals)
+    if target is not None:
+        proven = min(proven, target)
     if proven > pos:
         return Hole(
             f"the bucket proves txid {proven} was acknowledged but the objects listed "
