@@ -131,13 +131,14 @@ class NodeProc(ServerProc):
         return f"http://127.0.0.1:{self.internal_port}"
 
     def bucket_counts(self) -> dict[tuple[str, str], int]:
-        """The node's metered bucket requests by (operation, key kind), from /metrics."""
+        """The node's metered bucket requests by (operation, key kind), whatever their
+        outcome, from /metrics."""
         text = httpx.get(self.internal_url + "/metrics", timeout=5).text
-        counts = {}
-        for m in re.finditer(
-            r'cellactors_bucket_requests_total\{[^}]*op="([^"]+)",kind="([^"]+)"\} (\d+)', text
-        ):
-            counts[(m.group(1), m.group(2))] = int(m.group(3))
+        counts: dict[tuple[str, str], int] = {}
+        for m in re.finditer(r"cellactors_bucket_requests_total\{([^}]*)\} ([0-9.e+]+)", text):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            key = (labels["op"], labels["kind"])
+            counts[key] = counts.get(key, 0) + int(float(m.group(2)))
         return counts
 
 

@@ -39,3 +39,9 @@ def test_quick_suite_reports_every_row(tmp_path: Path) -> None:
         assert isinstance(row["metric"], (int, float)), row["id"]
         assert isinstance(row["met"], bool), row["id"]
     assert "| 10-failover |" in proc.stdout  # the table is printed
+    # The request counts behind row 2 are read from the node (in process) and from a
+    # served node's /metrics: every batch PUT is followed by an own.json GET (a snapshot's
+    # collection may add one), so a count that reads nothing shows here.
+    for row_id in ("2-inproc", "2-http"):
+        for run in rows[row_id]["runs"]:
+            assert 1.0 <= run["own_gets_per_put"] < 1.5, (row_id, run)
