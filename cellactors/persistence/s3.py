@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.httpsession
 
 from cellactors.errors import AmbiguousWrite, BucketError, StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.bucket import (
@@ -33,6 +34,7 @@ from cellactors.persistence.bucket import (
     strip_prefix,
 )
 from cellactors.persistence.gate import refuse_if_fenced
+from cellactors.persistence.s3_direct import DirectS3, Undecided
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -65,7 +67,7 @@ _UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 _clients_lock = threading.Lock()
-_clients: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_clients: dict[tuple[Any, ...], tuple[Any, Any, DirectS3 | None]] = {}
 
 
 def _client_pair(
@@ -74,8 +76,9 @@ def _client_pair(
     access_key: str | None,
     secret_key: str | None,
     timeout: float,
-) -> tuple[Any, Any]:
-    """Return (plain client, conditional client), created once per process per config."""
+) -> tuple[Any, Any, DirectS3 | None]:
+    """Return (plain client, conditional client, direct client or None), created once per
+    process per config."""
     key = (endpoint, region, access_key, secret_key, timeout)
     with _clients_lock:
         pair = _clients.get(key)
@@ -112,9 +115,26 @@ def _client_pair(
             for client in (plain, cas):
                 # Every HTTP request, each botocore retry included, passes a fenced node's gate.
                 client.meta.events.register("before-send.s3", refuse_if_fenced)
-            pair = (plain, cas)
+            pair = (plain, cas, _direct(session, plain, endpoint, timeout))
             _clients[key] = pair
         return pair
+
+
+def _direct(session: Any, plain: Any, endpoint: str | None, timeout: float) -> DirectS3 | None:
+    """The direct client for plain GETs and PUTs, where it may be used
+    (:mod:`cellactors.persistence.s3_direct`)."""
+    if not DirectS3.usable(endpoint):
+        return None
+    credentials = session.get_credentials()
+    if credentials is None:
+        return None  # boto3 raises the credentials error on the first request
+    return DirectS3(
+        plain.meta.endpoint_url,
+        plain.meta.region_name,
+        credentials,
+        timeout=timeout,
+        ca_certs=botocore.httpsession.get_cert_path(True),
+    )
 
 
 def _status(err: botocore.exceptions.ClientError) -> tuple[int, str]:
@@ -184,12 +204,19 @@ class S3Bucket(Bucket):
         self.prefix = prefix
         self.endpoint = endpoint
         self.spec = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
-        self._plain, self._cas = _client_pair(endpoint, region, access_key, secret_key, timeout)
+        self._plain, self._cas, self._direct = _client_pair(
+            endpoint, region, access_key, secret_key, timeout
+        )
 
     def _key(self, key: str) -> str:
         return join_prefix(self.prefix, key)
 
     def get(self, key: str) -> StoredObject | None:
+        if self._direct is not None:
+            try:
+                return self._direct.get(self.bucket, self._key(key))
+            except Undecided:
+                pass  # boto3 sends it again, retries and classifies the failure
         return self._get(self._plain, key)
 
     def get_once(self, key: str) -> StoredObject | None:
@@ -223,6 +250,11 @@ class S3Bucket(Bucket):
         )
 
     def put(self, key: str, body: bytes) -> str:
+        if self._direct is not None:
+            try:
+                return self._direct.put(self.bucket, self._key(key), body)
+            except Undecided:
+                pass  # sent again through boto3: a plain PUT of the same body is idempotent
         try:
             resp = self._plain.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
