@@ -111,7 +111,7 @@ class _Relist(Exception):
 
 
 MAX_LISTINGS = 4
-FETCH_WORKERS = 8
+FETCH_WORKERS = 16
 _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="restore")
 
 
