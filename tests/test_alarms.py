@@ -147,6 +147,24 @@ def test_a_released_cell_fires_from_a_scan_within_the_interval(sw_bucket: S3Buck
         n2.stop()
 
 
+def test_a_released_cell_fires_on_time_whatever_the_scan_interval(sw_bucket: S3Bucket) -> None:
+    # No periodic scan runs during the test (60 s): the node that released the cell scans
+    # when its alarm falls due, and activates it.
+    n1 = alarm_node(sw_bucket, "n1", alarm_scan_interval=60)
+    try:
+        eventually(lambda: n1.alarms.scans == 1)  # the scan at start
+        at = n1.cell(Reminder, "a").remind(delay=1.0)
+        assert n1.passivate("Reminder:a")
+        assert owner(sw_bucket, "Reminder:a") == ("", 1)  # hosted nowhere
+        eventually(lambda: owner(sw_bucket, "Reminder:a") == ("n1", 2), timeout=10)
+        fired = eventually(lambda: n1.cell(Reminder, "a").fired() or False, timeout=5)
+        assert len(fired) == 1 and at <= fired[0] < at + 1.5
+        assert n1.alarms.scans == 2
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+    finally:
+        n1.stop()
+
+
 def test_an_alarm_of_a_crashed_owner_fires_once_on_another_node(sw_bucket: S3Bucket) -> None:
     n1, n2 = alarm_node(sw_bucket, "n1"), alarm_node(sw_bucket, "n2")
     try:

@@ -11,7 +11,10 @@
 - **Timer heap.** The alarms of hosted cells fire from :class:`~cellactors.core.alarms.
   Schedule`, precisely, whether the cell is active or hibernated.
 - **Scan.** At start and every ``alarm_scan_interval`` the driver lists the due entries
-  (one LIST when nothing is due). An entry of a cell hosted nowhere is an orphan: the
+  (one LIST when nothing is due). It also scans when an entry of a cell that this node
+  released falls due, so that a released cell's alarm fires on time whatever the interval
+  (only the cells of a node that died wait for some node's next scan). An entry of a cell
+  hosted nowhere is an orphan: the
   driver activates the cell here through the ownership path, which refuses when a live
   node owns it; so exactly one node runs it. A due entry that the hosting node's state no
   longer needs is deleted (after a fresh read of ``own.json`` proves it still owns the cell).
@@ -22,6 +25,7 @@ Decisions come from :mod:`cellactors.core.alarms`; this module performs them.
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
 import logging
 import threading
 import time
@@ -110,6 +114,7 @@ class AlarmDriver:
         )
         self.scans = 0  # scans started (each one LIST, plus one per further page)
         self._scan_now = False
+        self._departed: list[int] = []  # heap: due times of entries of cells released here
 
     def start(self) -> None:
         self._thread.start()
@@ -156,10 +161,14 @@ class AlarmDriver:
 
     def released(self, cell_id: str) -> None:
         """The cell left this node (released, reset, fenced): forget it; its entries stay
-        in the bucket for the next node that activates it."""
+        in the bucket for the next node that activates it, and this node scans when the
+        first of them falls due (whichever node is then first activates the cell)."""
         with self._cond:
-            self._mirrors.pop(cell_id, None)
+            mirror = self._mirrors.pop(cell_id, None)
             self._schedule.set(cell_id, None)
+            if mirror is not None and mirror.wakes:
+                heapq.heappush(self._departed, min(w.at_ms for w in mirror.wakes))
+                self._cond.notify_all()
 
     def schedule(self, cell_id: str, alarm: Wake | None, at_ms: int | None = None) -> None:
         with self._cond:
@@ -186,6 +195,10 @@ class AlarmDriver:
             now = time.monotonic()
             with self._cond:
                 scan_now, self._scan_now = self._scan_now, False
+                now_ms = calls.now_ms()
+                while self._departed and self._departed[0] <= now_ms:
+                    heapq.heappop(self._departed)
+                    scan_now = True
             if now >= next_scan or scan_now:
                 next_scan = now + self.interval
                 self._scan()
@@ -199,9 +212,9 @@ class AlarmDriver:
                 if self._stop.is_set():
                     return
                 wait = next_scan - time.monotonic()
-                at = self._schedule.next_at()
-                if at is not None:
-                    wait = min(wait, (at - calls.now_ms()) / 1000)
+                for at in (self._schedule.next_at(), self._departed[0] if self._departed else None):
+                    if at is not None:
+                        wait = min(wait, (at - calls.now_ms()) / 1000)
                 if wait > 0:
                     self._cond.wait(wait)
 

@@ -85,8 +85,10 @@ class NodeSettings:
     #: How many keys a cell remembers at most (the oldest are forgotten first).
     idempotency_max_keys: int = calls.DEFAULT_MAX_KEYS
     #: Seconds between two scans of the bucket's due wake entries (one LIST request each
-    #: when nothing is due): an alarm of a cell no node hosts fires within this of its time.
-    alarm_scan_interval: float = 10.0
+    #: when nothing is due): an alarm of a cell whose node died or was drained fires within
+    #: this of its time (once that node's lease expired); a node scans when an alarm of a
+    #: cell it released falls due, so those fire on time.
+    alarm_scan_interval: float = 30.0
 
     def __post_init__(self) -> None:
         self.retention()  # refuse bad idempotency settings when the node is configured

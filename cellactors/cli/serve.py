@@ -315,12 +315,13 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
 )
 @_option(
     "--alarm-scan-interval",
-    default=10.0,
+    default=30.0,
     show_default=True,
     type=click.FloatRange(min=0.05),
     metavar="SECONDS",
     help="Seconds between scans of the bucket for due alarms of cells no node hosts (one "
-    "LIST request each when nothing is due).",
+    "LIST request each when nothing is due); alarms of cells this node released fire on "
+    "time regardless.",
 )
 @_option(
     "--snapshot-every",
