@@ -15,6 +15,7 @@ image instead of rows; the caller takes it after commit with :func:`database_ima
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
@@ -161,6 +162,14 @@ def pending(conn: sqlite3.Connection) -> bool:
     return conn.execute(f"SELECT 1 FROM {CHANGES_TABLE} LIMIT 1").fetchone() is not None
 
 
+@functools.lru_cache(maxsize=4096)
+def _row_query(shape: TableShape) -> str:
+    """The query reading one row's final image by its key."""
+    where = " AND ".join(f"{quote(k)} IS ?" for k in shape.key_cols)
+    columns = ", ".join(quote(c) for c in shape.columns)
+    return f"SELECT {columns} FROM main.{quote(shape.name)} WHERE {where}"
+
+
 def collect(
     conn: sqlite3.Connection, shapes: dict[str, TableShape], schema_changed: bool
 ) -> TxnChanges:
@@ -179,12 +188,7 @@ def collect(
     for tbl, *raw_key in keys:
         shape = shapes[tbl]
         key = list(raw_key[: len(shape.key_cols)])
-        where = " AND ".join(f"{quote(k)} IS ?" for k in shape.key_cols)
-        row = conn.execute(
-            f"SELECT {', '.join(quote(c) for c in shape.columns)} FROM main.{quote(tbl)} "
-            f"WHERE {where}",
-            key,
-        ).fetchone()
+        row = conn.execute(_row_query(shape), key).fetchone()
         result.columns.setdefault(tbl, list(shape.columns))
         result.rows.append((tbl, key, list(row) if row is not None else None))
     return result

@@ -168,7 +168,8 @@ class CellDatabase:
                 _clear_authorizer(conn)
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
-            user_changed_schema = capture.schema_version(conn) != self.schema
+            seen = capture.schema_version(conn)
+            user_changed_schema = seen != self.schema
             if not user_changed_schema and conn.total_changes == before:
                 # Read-only: no row written (capture triggers and AUTOINCREMENT counters
                 # count as changes too) and no schema change: nothing to capture or ship.
@@ -180,12 +181,19 @@ class CellDatabase:
                 _check_reserved(conn)
             if check is not None:
                 check(result)
-            sequence = capture.read_sequence(conn)  # the runtime's writes never move it
+            # The runtime's writes never move the AUTOINCREMENT counters, and the table that
+            # holds them can only appear with a schema change.
+            sequence = (
+                capture.read_sequence(conn)
+                if user_changed_schema or self.sequence is not None
+                else None
+            )
+            version = seen
             if on_write is not None and (
                 user_changed_schema or sequence != self.sequence or capture.pending(conn)
             ):
                 on_write(result)
-            version = capture.schema_version(conn)
+                version = capture.schema_version(conn)  # the runtime may create its tables
             changed = version != self.schema
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
@@ -200,7 +208,7 @@ class CellDatabase:
             if self._refusal is not None and isinstance(err, sqlite3.DatabaseError):
                 raise Refused(f"refused: {self._refusal}") from err
             raise
-        self.schema = capture.schema_version(conn)
+        self.schema = version  # a COMMIT does not move it, nor do temp capture triggers
         self.sequence = sequence
         return result, changes
 
