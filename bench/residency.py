@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.common import ACCESS_KEY, BUCKET, SECRET_KEY, proc_status, run_parallel
 from cellactors import Node, NodeSettings
+from cellactors.actors.node import TRIM_AFTER_S
 from cellactors.persistence.s3 import S3Bucket
 from examples.counter import Counter
 
@@ -67,6 +68,8 @@ def main() -> None:
             [functools.partial(activate, f"idle-{i}") for i in range(args.cells)],
             args.concurrency,
         )
+        # Idle long enough for the node to trim every cell's caches (it checks each second).
+        time.sleep(TRIM_AFTER_S + 1.5)
         after = settle()
         resident = node.resident_cells()
         for i in range(args.cells):

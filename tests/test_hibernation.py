@@ -7,6 +7,9 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
+from cellactors.actors import node as node_module
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
@@ -163,5 +166,26 @@ def test_a_store_error_releasing_a_hibernated_cell_keeps_nothing_unproven(
         assert cell.increment("x") == 4
         assert node.state()["cells"][0]["restored_from"] == "bucket"
         assert owner(sw_bucket) == ("n1", 2)
+    finally:
+        node.stop()
+
+
+def test_an_idle_resident_cell_trims_its_caches_once_per_idle_period(
+    sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    node = make_node(sw_bucket, "n1", hibernate_timeout=10, idle_timeout=60)
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        active = node._hosts[CELL].active
+        assert active is not None
+        runtime = active.runtime
+        eventually(lambda: runtime.database.trims == 1, timeout=5)
+        assert runtime.trimmed_for == runtime.last_used  # this idle period is done
+        assert cell.get("x") == 1  # a trimmed cell reads its file again
+        assert cell.increment("x") == 2
+        eventually(lambda: runtime.database.trims >= 2, timeout=5)  # a new idle period
+        assert node.resident_cells() == 1 and node.hibernated_cells() == 0
     finally:
         node.stop()

@@ -46,6 +46,7 @@ from cellactors.actors.messages import (
     ReadOutbox,
     ReadWakes,
     TakeImage,
+    TrimMemory,
 )
 from cellactors.core import alarms
 from cellactors.errors import (
@@ -139,6 +140,8 @@ class CellRuntime:
     next_txid: int
     last_used: float = field(default_factory=time.monotonic)
     services: CellServices | None = None
+    #: The ``last_used`` of the idle period whose memory was last trimmed (node's reaper).
+    trimmed_for: float | None = None
 
 
 def class_name(cls: type[CellActor] | str) -> str:
@@ -302,6 +305,10 @@ class CellActor(pykka.ThreadingActor):
             return (rt.next_txid - 1, rt.database.image())
         if isinstance(message, FireAlarm):
             self._fire(message)
+            return None
+        if isinstance(message, TrimMemory):
+            if self._runtime is not None:
+                self._runtime.database.trim()
             return None
         if isinstance(message, ReadWakes):
             return self._require_runtime().database.tables.state()

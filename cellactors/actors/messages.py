@@ -45,6 +45,12 @@ class FireAlarm:
 
 
 @dataclass
+class TrimMemory:
+    """The cell has been idle a while: hand its SQLite caches back (``PRAGMA
+    shrink_memory``), so that a resident idle cell holds less memory. Not a use."""
+
+
+@dataclass
 class ReadWakes:
     """Ask the cell for its :class:`~cellactors.core.alarms.WakeState` (at activation)."""
 

@@ -103,6 +103,7 @@ class CellDatabase:
         self._runtime_writing = False
         self.calls = CallLog(self.conn)
         self.tables = RuntimeTables(self.conn)
+        self.trims = 0
         self._after_change()
 
     def _connect(self) -> CellConnection:
@@ -211,6 +212,12 @@ class CellDatabase:
         self.schema = version  # a COMMIT does not move it, nor do temp capture triggers
         self.sequence = sequence
         return result, changes
+
+    def trim(self) -> None:
+        """Hand the connection's page caches back to the allocator (between transactions):
+        an idle cell keeps its file and connection but not the cached pages."""
+        self.conn.execute("PRAGMA shrink_memory")
+        self.trims += 1
 
     def image(self) -> bytes:
         """The whole database as bytes (for schema-changing transactions and snapshots)."""
