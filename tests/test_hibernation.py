@@ -46,11 +46,19 @@ def test_a_hibernated_cell_holds_nothing_and_wakes_with_no_request(sw_bucket: S3
         assert cell.increment("x") == 1
         threads = threading.active_count()
         assert open_cell_files(node.cells_dir) != []
+        host = node._hosts[CELL]
+        active, ownership = host.active, host.ownership
+        assert active is not None and ownership is not None
         assert node.hibernate(CELL)
         assert node.resident_cells() == 0 and node.hibernated_cells() == 1
         assert open_cell_files(node.cells_dir) == []
-        # The cell actor, its replicator and its ownership actor are gone.
-        eventually(lambda: threading.active_count() <= threads - 3, timeout=10)
+        # The cell actor (and its thread), its replicator and its ownership actor are gone
+        # (the last two hold a thread only while they work).
+        eventually(lambda: threading.active_count() <= threads - 1, timeout=10)
+        eventually(
+            lambda: not (active.cell.is_alive() or active.replicator.is_alive()), timeout=10
+        )
+        eventually(lambda: not ownership.is_alive(), timeout=10)
         assert owner(sw_bucket) == ("n1", 1)  # still owned: nothing was written
         before = node.bucket.snapshot()
         assert cell.get("x") == 1

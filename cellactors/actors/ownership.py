@@ -8,6 +8,7 @@ conditional writes they ask for.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import pykka
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, Open, ask_attribute, tell_attribute
+from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.core import acquire as acq
@@ -72,10 +74,16 @@ class Active:
     restored_from: str  # "bucket", "local" (a released copy reused) or "hibernated"
 
 
-class OwnershipActor(pykka.ThreadingActor):
-    """Acquire, restore and release one cell on behalf of one node."""
+#: The threads ownership actors borrow: each runs an activation, a release or a resume at a
+#: time (they wait on store requests, cells and replicators, never on each other).
+_pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ownership")
 
-    use_daemon_thread = True  # a stuck cell must not keep the process alive
+
+class OwnershipActor(PooledActor):
+    """Acquire, restore and release one cell on behalf of one node (an actor on a shared
+    pool: an idle cell's ownership actor holds no thread)."""
+
+    pool = _pool
 
     def __init__(
         self,

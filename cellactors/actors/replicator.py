@@ -21,6 +21,7 @@ import pykka
 
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, TakeImage
+from cellactors.actors.pooled import PooledActor
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.errors import BucketError, NotDurable
 from cellactors.persistence import keys
@@ -35,6 +36,11 @@ __all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
 _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
+# The threads replicators borrow while they ship (each waits on the request pool above and on
+# its cell, never on another replicator).
+_replicators = concurrent.futures.ThreadPoolExecutor(
+    max_workers=128, thread_name_prefix="replicator"
+)
 
 
 class EffectSink(Protocol):
@@ -55,10 +61,11 @@ def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoc
     return record_node == me and record_epoch == epoch
 
 
-class Replicator(pykka.ThreadingActor):
-    """Uploads a cell's batches, acknowledges or fails the held responses."""
+class Replicator(PooledActor):
+    """Uploads a cell's batches, acknowledges or fails the held responses (an actor on a
+    shared pool: a replicator with nothing to ship holds no thread)."""
 
-    use_daemon_thread = True  # a stuck cell must not keep the process alive
+    pool = _replicators
 
     def __init__(
         self,

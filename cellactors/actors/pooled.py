@@ -1,0 +1,150 @@
+"""Actors that borrow a thread from a shared pool instead of owning one.
+
+A :class:`pykka.ThreadingActor` keeps a thread for its whole life, idle or not. Every
+active cell has an ownership actor and a replicator that are idle nearly all the time, so a
+node with thousands of resident cells would hold thousands of sleeping threads (each about
+20 KiB of memory, and a thread start on every activation). A :class:`PooledActor` is the
+same pykka actor (refs, ``tell``/``ask``, ``stop``, ``on_start``/``on_stop``, pykka's call
+messages) whose messages are handled on a thread of its class's pool while it has any.
+
+Lifecycle: :meth:`start` queues ``on_start`` on the pool; messages that arrive meanwhile
+wait in the inbox. Whenever the inbox is non-empty one *drain* task is scheduled: it handles
+messages one at a time, in order, and never two at once for one actor (the actor model's
+guarantee), and hands its thread back when the inbox is empty or after a few messages (so
+a busy actor cannot hold a thread forever while others wait). After the actor stops, any
+message still queued (or queued later by a racing sender) is answered with
+:class:`pykka.ActorDeadError`, as pykka does.
+
+A handler that blocks holds its pool thread while it blocks. Pools therefore never wait on
+each other in a circle: ownership actors wait on replicators and cells, replicators wait
+on cells and the upload pool, and each has a pool of its own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import sys
+import threading
+from typing import Any, ClassVar, cast
+
+import pykka
+from pykka import ActorDeadError, ActorRegistry, messages
+from pykka._envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+#: Messages one drain handles before it hands its thread back to the pool.
+DRAIN_BATCH = 16
+
+
+class _Inbox(queue.Queue):  # type: ignore[type-arg]
+    """A FIFO inbox that schedules its actor's drain on every put."""
+
+    def __init__(self, actor: PooledActor) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self.actor._schedule()  # after the put: a drain that just found it empty re-checks
+
+
+class PooledActor(pykka.Actor):
+    """A pykka actor run on a shared thread pool (see the module's docstring). Subclasses
+    name their pool in :attr:`pool`."""
+
+    pool: ClassVar[concurrent.futures.ThreadPoolExecutor]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._drain_lock = threading.Lock()
+        self._draining = True  # until on_start has run
+        super().__init__(*args, **kwargs)
+        self._mailbox = cast(_Inbox, self.actor_inbox)
+
+    def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
+        return _Inbox(self)
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        self.pool.submit(self._setup)
+
+    def _setup(self) -> None:
+        self._actor_loop_setup()  # on_start
+        self._drain()
+
+    def _schedule(self) -> None:
+        with self._drain_lock:
+            if self._draining:
+                return
+            self._draining = True
+        try:
+            self.pool.submit(self._drain)
+        except RuntimeError:  # the pool shut down (interpreter exit): nothing will run
+            with self._drain_lock:
+                self._draining = False
+
+    def _drain(self) -> None:
+        try:
+            for _ in range(DRAIN_BATCH):
+                if self.actor_stopped.is_set():
+                    break
+                try:
+                    envelope = self._mailbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle_envelope(envelope)
+        finally:
+            with self._drain_lock:
+                more = not self._mailbox.empty()
+                self._draining = more and not self.actor_stopped.is_set()
+            if self.actor_stopped.is_set():
+                self._answer_dead()
+            elif more:
+                self.pool.submit(self._drain)
+
+    def _answer_dead(self) -> None:
+        """Answer every message still queued: the actor stopped and will not handle it (a
+        stop request is answered as done)."""
+        while True:
+            try:
+                envelope = self._mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if envelope.reply_to is None:
+                continue
+            if isinstance(envelope.message, messages._ActorStop):
+                envelope.reply_to.set(None)
+            else:
+                envelope.reply_to.set_exception(
+                    exc_info=(
+                        ActorDeadError,
+                        ActorDeadError(f"{self.actor_ref} stopped before handling the message"),
+                        None,
+                    )
+                )
+
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        """Handle one message as pykka's own actor loop does."""
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                log.debug("exception returned from %s to caller", self, exc_info=True)
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:
+            log.debug("%r in %s: stopping all actors", sys.exc_info()[1], self)
+            self._stop()
+            ActorRegistry.stop_all()
