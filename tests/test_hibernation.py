@@ -55,9 +55,7 @@ def test_a_hibernated_cell_holds_nothing_and_wakes_with_no_request(sw_bucket: S3
         # The cell actor (and its thread), its replicator and its ownership actor are gone
         # (the last two hold a thread only while they work).
         eventually(lambda: threading.active_count() <= threads - 1, timeout=10)
-        eventually(
-            lambda: not (active.cell.is_alive() or active.replicator.is_alive()), timeout=10
-        )
+        eventually(lambda: not (active.cell.is_alive() or active.replicator.is_alive()), timeout=10)
         eventually(lambda: not ownership.is_alive(), timeout=10)
         assert owner(sw_bucket) == ("n1", 1)  # still owned: nothing was written
         before = node.bucket.snapshot()
