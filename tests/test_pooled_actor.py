@@ -154,3 +154,32 @@ def test_a_busy_actor_hands_its_thread_back_between_batches() -> None:
         a.stop()
         b.stop()
         single.shutdown(wait=False)
+
+
+def test_start_with_prepares_in_the_callers_thread_before_any_message() -> None:
+    caller = threading.get_ident()
+    seen: list[int] = []
+
+    def prepare(actor: Recorder) -> str:
+        seen.append(threading.get_ident())
+        actor.seen.append("prepared")
+        return "ready"
+
+    ref, prepared = Recorder.start_with(prepare)
+    try:
+        assert prepared == "ready" and seen == [caller]
+        assert ref.ask("x") == 2  # after what prepare did
+        assert inside(ref).seen_before_start == 1  # on_start ran after prepare
+    finally:
+        ref.stop()
+
+    def fail(actor: Recorder) -> None:
+        raise RuntimeError("not this one")
+
+    def recorders() -> set[str]:
+        return {r.actor_urn for r in pykka.ActorRegistry.get_by_class(Recorder)}
+
+    before = recorders()
+    with pytest.raises(RuntimeError, match="not this one"):
+        Recorder.start_with(fail)
+    assert recorders() <= before  # never registered nor started

@@ -44,7 +44,6 @@ from cellactors.actors.messages import (
     Invoke,
     Open,
     ReadOutbox,
-    ReadWakes,
     TakeImage,
     TrimMemory,
 )
@@ -310,8 +309,6 @@ class CellActor(pykka.ThreadingActor):
             if self._runtime is not None:
                 self._runtime.database.trim()
             return None
-        if isinstance(message, ReadWakes):
-            return self._require_runtime().database.tables.state()
         if isinstance(message, ReadOutbox):
             rt = self._require_runtime()
             return rt.database.tables.messages(), rt.channel.acked
@@ -440,7 +437,9 @@ class CellActor(pykka.ThreadingActor):
         rt.channel.hold(outcome)
         rt.channel.note_progress()
 
-    def _open(self, runtime: CellRuntime) -> None:
+    def _open(self, runtime: CellRuntime) -> alarms.WakeState:
+        """Take the activation's runtime and run ``on_activate``; the alarm and outbox state
+        it leaves (the node mirrors it in wake entries)."""
         self._runtime = runtime
         self.db = runtime.database.db
         self.cell_id = runtime.cell_id
@@ -449,6 +448,7 @@ class CellActor(pykka.ThreadingActor):
         self._chain = (self.cell_id,)
         self._transact(self.on_activate, (), {}, reply)
         reply.get()  # on_activate failures fail the activation
+        return runtime.database.tables.state()
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started.set()

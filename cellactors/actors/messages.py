@@ -51,11 +51,6 @@ class TrimMemory:
 
 
 @dataclass
-class ReadWakes:
-    """Ask the cell for its :class:`~cellactors.core.alarms.WakeState` (at activation)."""
-
-
-@dataclass
 class ReadOutbox:
     """Ask the cell for its undelivered outbox messages (oldest first) and its acked txid."""
 

@@ -25,7 +25,7 @@ from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
-from cellactors.actors.messages import FireAlarm, Invoke, ReadWakes, TrimMemory, ask_method
+from cellactors.actors.messages import FireAlarm, Invoke, TrimMemory, ask_method
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
@@ -572,23 +572,10 @@ class Node:
         closing = self._closing.get(cell_id)
         if closing is not None:
             closing.wait(self.settings.op_deadline)
-        own = OwnershipActor.start(
-            cell_id,
-            host.cls,
-            self.gate,
-            self.ownership,
-            self.leases,
-            self.cells_dir,
-            lambda err: self._reset(host, err),
-            self.settings.op_deadline,
-            self.settings.snapshots,
-            on_acked=self.metrics.ack_latency.observe,
-            services=self,
-            sink=lambda epoch: self.alarms.sink(cell_id, epoch),
-        )
-        host.ownership = own
+        own: pykka.ActorRef[Any] | None = None
         try:
-            host.active = self._wake(own, cell_id)
+            own, host.active = self._start_ownership(host)
+            host.ownership = own
             if host.active is None:
                 outcome = ask_method(
                     own, "acquire", lambda: None if forwarded else self._place()
@@ -623,12 +610,13 @@ class Node:
                     del self._hosts[cell_id]
             self.alarms.released(cell_id)  # hosted nowhere here: scans treat it as such
             try:
-                if host.active is not None:
+                if own is not None and host.active is not None:
                     ask_method(own, "abandon", host.error).get()
             except pykka.ActorDeadError:
                 pass  # a fence already stopped the ownership actor and failed the cell
             finally:
-                own.stop(block=False)
+                if own is not None:
+                    own.stop(block=False)
         else:
             with self._lock:
                 self._routes.pop(cell_id, None)
@@ -639,31 +627,48 @@ class Node:
         """A cell opened here: mirror its wake entries, schedule its alarm, wake its
         outbox. Before its first call: a failure fails the activation."""
         cell_id = active.runtime.cell_id
-        state: alarm_rules.WakeState = active.cell.ask(
-            ReadWakes(), block=True, timeout=self.settings.op_deadline
-        )
+        state = active.wakes
         self.alarms.activated(
             cell_id, active.epoch, state, resumed=active.restored_from == "hibernated"
         )
         if state.outbox:
             self.outbox.kick(cell_id)
 
-    def _wake(self, own: pykka.ActorRef[Any], cell_id: str) -> Active | None:
-        """Resume ``cell_id`` if it hibernates here (no bucket request). None when it does not,
-        or when its file cannot be resumed: then the copy is offered to the ordinary acquire
-        path (which claims the next epoch and reuses the file if it is intact)."""
+    def _start_ownership(self, host: CellHost) -> tuple[pykka.ActorRef[Any], Active | None]:
+        """Start the cell's ownership actor. A cell hibernating here is resumed first, in
+        this thread, before the actor starts (no bucket request, no hand-off): the actor
+        and the active cell. Otherwise, or when the hibernated file cannot be resumed (its
+        copy is then offered to the ordinary acquire path, which claims the next epoch and
+        reuses the file if it is intact), the actor and None."""
+        cell_id = host.cell_id
+        args = (
+            cell_id,
+            host.cls,
+            self.gate,
+            self.ownership,
+            self.leases,
+            self.cells_dir,
+            lambda err: self._reset(host, err),
+            self.settings.op_deadline,
+            self.settings.snapshots,
+        )
+        kwargs: dict[str, Any] = {
+            "on_acked": self.metrics.ack_latency.observe,
+            "services": self,
+            "sink": lambda epoch: self.alarms.sink(cell_id, epoch),
+        }
         with self._lock:
             dormant = self._dormant.pop(cell_id, None)
-        if dormant is None:
-            return None
-        try:
-            active: Active = ask_method(own, "resume", dormant.copy).get()
-        except ActivationFailed as err:
-            log.info("hibernated %s not resumed: %s", cell_id, err)
-            with self._lock:
-                self._local[cell_id] = dormant.copy
-            return None
-        return active
+        if dormant is not None:
+            try:
+                return OwnershipActor.start_with(
+                    lambda actor: actor.resume(dormant.copy), *args, **kwargs
+                )
+            except ActivationFailed as err:
+                log.info("hibernated %s not resumed: %s", cell_id, err)
+                with self._lock:
+                    self._local[cell_id] = dormant.copy
+        return OwnershipActor.start(*args, **kwargs), None
 
     def _place(self) -> acquire.Remote | None:
         """Placement of an unowned cell: here while there is room, else the least-loaded

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pykka
 
@@ -24,6 +24,7 @@ from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.core import acquire as acq
+from cellactors.core.alarms import WakeState
 from cellactors.errors import (
     ActivationFailed,
     AmbiguousWrite,
@@ -72,6 +73,7 @@ class Active:
     runtime: CellRuntime
     snapshots: SnapshotWorker
     restored_from: str  # "bucket", "local" (a released copy reused) or "hibernated"
+    wakes: WakeState  # the alarm and outbox state right after ``on_activate``
 
 
 #: The threads ownership actors borrow: each runs an activation, a release or a resume at a
@@ -242,7 +244,7 @@ class OwnershipActor(PooledActor):
         cell = self.cls.start()
         tell_attribute(replicator, "cell_ref", cell)
         try:
-            cell.ask(Open(runtime), timeout=self.deadline_s + 5)
+            wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))
         except BaseException as err:
             cell.stop(block=False)
             replicator.stop(block=False)
@@ -250,7 +252,7 @@ class OwnershipActor(PooledActor):
             if isinstance(err, CellactorsError):
                 raise ActivationFailed(f"activation of {self.cell_id} failed: {err}") from err
             raise
-        self.active = Active(epoch, cell, replicator, runtime, worker, source)
+        self.active = Active(epoch, cell, replicator, runtime, worker, source, wakes)
         return self.active
 
     def _owns(self, epoch: int) -> bool:

@@ -27,13 +27,16 @@ import logging
 import queue
 import sys
 import threading
-from typing import Any, ClassVar, cast
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
 
 import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Messages one drain handles before it hands its thread back to the pool.
 DRAIN_BATCH = 16
@@ -62,6 +65,21 @@ class PooledActor(pykka.Actor):
         self._draining = True  # until on_start has run
         super().__init__(*args, **kwargs)
         self._mailbox = cast(_Inbox, self.actor_inbox)
+
+    @classmethod
+    def start_with(
+        cls, prepare: Callable[[Any], T], *args: Any, **kwargs: Any
+    ) -> tuple[pykka.ActorRef[Any], T]:
+        """Create the actor, run ``prepare(actor)`` in the caller's thread, then start it.
+
+        Nothing else can reach the actor before it starts, so ``prepare`` may call its
+        methods directly: work that would otherwise be its first message, without the
+        hand-off to a pool thread and back. If ``prepare`` raises, the actor never starts."""
+        actor = cls(*args, **kwargs)
+        prepared = prepare(actor)
+        ActorRegistry.register(actor.actor_ref)
+        actor._start_actor_loop()
+        return actor.actor_ref, prepared
 
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
         return _Inbox(self)
