@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cellactors.errors import AmbiguousWrite, StoreCredentialsError, StoreUnreachable
+from cellactors.errors import (
+    AmbiguousWrite,
+    BucketError,
+    StoreCredentialsError,
+    StoreUnreachable,
+)
 from cellactors.persistence.bucket import Absent, Bucket
 from cellactors.persistence.embedded import SeaweedServer, free_port
 from cellactors.persistence.memory import MemoryBucket
@@ -65,6 +70,19 @@ def test_s3_refused_keys_are_a_credentials_error(seaweed: SeaweedServer) -> None
     )
     with pytest.raises(StoreCredentialsError):
         bucket.get_once("nodes/a.json")
+
+
+def test_s3_a_missing_bucket_is_an_error_not_a_missing_object(seaweed: SeaweedServer) -> None:
+    """404 NoSuchBucket (a wrong name, a deleted bucket) must never read as "no such
+    object": ``own.json`` or a lease would look absent."""
+    bucket = S3Bucket("no-such-bucket-here", endpoint=seaweed.endpoint, timeout=3.0)
+    with pytest.raises(BucketError, match="NoSuchBucket"):
+        bucket.get("cells/Counter:a/own.json")
+    with pytest.raises(BucketError, match="NoSuchBucket"):
+        bucket.get_once("nodes/a.json")
+    with pytest.raises(BucketError, match="NoSuchBucket"):
+        bucket.delete("nodes/a.json")
+    # (A HEAD answer has no body to tell a missing bucket from a missing key.)
 
 
 def test_gcs_emulator_on_a_closed_port_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -161,8 +161,10 @@ def failure(what: str, err: Exception) -> BucketError:
 
 
 def _is_missing(err: botocore.exceptions.ClientError) -> bool:
+    """The object does not exist. A 404 with another code (``NoSuchBucket``: a wrong bucket
+    name, a bucket deleted) is a failure, never an absent object."""
     status, code = _status(err)
-    return status == 404 or code in _MISSING_CODES
+    return code in _MISSING_CODES or (status == 404 and not code)
 
 
 def _date_ms(resp: dict[str, Any]) -> int | None:
@@ -289,7 +291,9 @@ class S3Bucket(Bucket):
             status, code = _status(err)
             if status == 412 or code in _REJECT_CODES:
                 return Rejected(code or str(status))
-            if isinstance(guard, Match) and _is_missing(err):
+            if isinstance(guard, Match) and status == 404:
+                # Stores answer If-Match on a missing key with 404 under various codes;
+                # either way nothing was written.
                 return Rejected("missing")
             if status >= 500 or status == 0:
                 raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}") from err
