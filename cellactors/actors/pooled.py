@@ -123,7 +123,15 @@ class PooledActor(pykka.Actor):
             if self.actor_stopped.is_set():
                 self._answer_dead()
             elif more:
-                self.pool.submit(self._drain)
+                self._resubmit()
+
+    def _resubmit(self) -> None:
+        """Queue the next drain (this one handed its thread back with messages left)."""
+        try:
+            self.pool.submit(self._drain)
+        except RuntimeError:  # the pool shut down (interpreter exit): nothing will run
+            with self._drain_lock:
+                self._draining = False
 
     def _answer_dead(self) -> None:
         """Answer every message still queued: the actor stopped and will not handle it (a

@@ -46,7 +46,11 @@ def _hmac(key: bytes, msg: str) -> bytes:
 
 
 class DirectS3:
-    """Signs and sends GET and plain PUT requests for one endpoint, region and identity."""
+    """Signs and sends GET and plain PUT requests for one endpoint, region and identity.
+
+    ``pool_size`` connections are kept: enough for every thread that may send at once (the
+    upload pool's 64, restores' 16 each, activations, alarms); a request beyond them opens
+    a connection it closes afterwards (and urllib3 logs a warning)."""
 
     def __init__(
         self,
@@ -55,7 +59,7 @@ class DirectS3:
         credentials: Any,
         *,
         timeout: float,
-        pool_size: int = 64,
+        pool_size: int = 256,
         ca_certs: str | None = None,
     ) -> None:
         url = urllib3.util.parse_url(endpoint)
