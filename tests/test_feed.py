@@ -249,3 +249,48 @@ def test_an_idle_follower_lists_only_the_owner_epoch_folder() -> None:
         assert [c.txid for c in reader.read(last).changes] == [last + 1]
     finally:
         node.stop()
+
+
+class _SlowGets(MemoryBucket):
+    """Batch GETs take a while; records how many ran at once."""
+
+    def __init__(self) -> None:
+        super().__init__("slow-gets")
+        self.running = 0
+        self.most = 0
+        self.gets = 0
+        self.slow = False
+        self._count = threading.Lock()
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        if not (self.slow and key.endswith(".batch")):
+            return super().get(key)
+        with self._count:
+            self.running += 1
+            self.gets += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.02)  # a store round trip: what the reader overlaps
+            return super().get(key)
+        finally:
+            with self._count:
+                self.running -= 1
+
+
+def test_the_feed_fetches_batches_in_parallel_and_stops_at_its_limit() -> None:
+    bucket = _SlowGets()
+    node = make_node(bucket, "n1")
+    try:
+        for _ in range(40):
+            node.cell(Counter, "a").increment("x")
+        bucket.slow = True
+        page = FeedReader(bucket, "Counter:a").read(0)
+        assert [c.txid for c in page.changes] == list(range(1, len(page.changes) + 1))
+        assert len(page.changes) >= 40
+        assert bucket.most > 1  # not one GET after another
+        bucket.gets = 0
+        limited = FeedReader(bucket, "Counter:a").read(0, limit=3)
+        assert [c.txid for c in limited.changes] == [1, 2, 3]
+        assert bucket.gets <= 16  # at most one window of reads, not the whole chain
+    finally:
+        node.stop()

@@ -25,7 +25,7 @@ from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, decode_batch
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import collected_error, read_seal
+from cellactors.persistence.restore import collected_error, fetch_bodies, read_seal
 
 __all__ = [
     "Change",
@@ -165,20 +165,21 @@ class FeedReader:
         None after marking a torn one unusable."""
         found: dict[int, list[Batch]] = {}
         count = 0
-        for step in planned.steps:
-            for ref in step.reads:
-                if limit is not None and count >= limit:
-                    return found
-                obj = self.bucket.get(ref.key)
-                if obj is None:
-                    raise _Relist(f"{ref.key} was listed and then vanished")
-                try:
-                    batch = decode_batch(ref.key, obj.body)
-                except BucketError:
-                    unusable.add(ref.key)
-                    return None
-                found.setdefault(step.epoch, []).append(batch)
-                count += sum(1 for t in batch.txns if step.after < t.txid <= step.upto)
+        planned_reads = [(step, ref) for step in planned.steps for ref in step.reads]
+        # Fetched a window at a time on the restore pool, used in order.
+        bodies = fetch_bodies(self.bucket, [ref.key for _step, ref in planned_reads])
+        for (step, ref), (_key, body) in zip(planned_reads, bodies, strict=False):
+            if limit is not None and count >= limit:
+                return found
+            if body is None:
+                raise _Relist(f"{ref.key} was listed and then vanished")
+            try:
+                batch = decode_batch(ref.key, body)
+            except BucketError:
+                unusable.add(ref.key)
+                return None
+            found.setdefault(step.epoch, []).append(batch)
+            count += sum(1 for t in batch.txns if step.after < t.txid <= step.upto)
         return found
 
 

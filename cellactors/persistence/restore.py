@@ -11,7 +11,7 @@ import concurrent.futures
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,20 @@ class _Relist(Exception):
 MAX_LISTINGS = 4
 FETCH_WORKERS = 16
 _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="restore")
+
+
+def fetch_bodies(
+    bucket: Bucket, keys_in_order: Sequence[str], window: int = FETCH_WORKERS
+) -> Iterator[tuple[str, bytes | None]]:
+    """GET ``keys_in_order`` on the fetch pool, ``window`` at a time, and yield each
+    (key, body), or (key, None) for an object that is gone, in order. A reader that stops
+    early leaves at most one window of reads unused."""
+    for start in range(0, len(keys_in_order), window):
+        chunk = keys_in_order[start : start + window]
+        futures = [_fetches.submit(bucket.get, key) for key in chunk]
+        for key, future in zip(chunk, futures, strict=True):
+            obj = future.result()
+            yield key, (obj.body if obj is not None else None)
 
 
 def _get(bucket: Bucket, key: str) -> bytes:
