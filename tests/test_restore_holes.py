@@ -5,17 +5,22 @@ fails the activation instead of sealing below acknowledged writes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.errors import BucketError
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket, ObjectInfo
 from cellactors.persistence.celldb import CellDatabase, dump
+from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.restore import RestoreHole, read_seal, restore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
+from tests.conftest import make_s3_bucket
+from tests.faults.proxy import FaultProxy
 from tests.runtime_helpers import cell_dump, eventually, make_node
 
 CELL = "Counter:a"
@@ -146,3 +151,36 @@ def test_a_missing_middle_batch_fails_instead_of_sealing_below_it(
         restore(sw_bucket, CELL, 2, db)
     assert read_seal(sw_bucket, CELL, 1) is None  # nothing sealed
     db.discard()
+
+
+def test_a_store_error_on_the_tail_batch_fails_instead_of_sealing_below_it(
+    seaweed: SeaweedServer, tmp_path: object
+) -> None:
+    # The last acknowledged batch of the previous owner cannot be read (the store answers
+    # 500 to every try). It is not torn: nothing proves it was never acknowledged. The
+    # restore must fail (and a later one succeed), never drop it and seal epoch 1 below it.
+    bucket = make_s3_bucket(seaweed.endpoint)
+    a = make_node(bucket, "na")
+    try:
+        for _ in range(3):
+            a.cell(Counter, "a").increment("x")
+        state = cell_dump(a, CELL)
+    finally:
+        a.lease.proxy().pause().get()
+        a.fence("test: killed")
+    last = max(i.key for i in listing(bucket) if i.key.endswith(".batch"))
+    with FaultProxy(seaweed.endpoint, "store") as proxy:
+        flaky = S3Bucket(bucket.bucket, endpoint=proxy.endpoint, timeout=3)
+        rule = proxy.fail(500, "InternalError", method="GET", key=f"^{re.escape(last)}$")
+        db = CellDatabase(tmp_path / "e.db")  # type: ignore[operator]
+        with pytest.raises(BucketError, match="InternalError"):
+            restore(flaky, CELL, 2, db)
+        db.discard()
+        assert rule.applied > 1
+        assert read_seal(bucket, CELL, 1) is None  # nothing sealed
+        proxy.remove(rule)
+        db = CellDatabase(tmp_path / "ok.db")  # type: ignore[operator]
+        result = restore(flaky, CELL, 2, db)
+        assert result.last_txid == 4 and dump(db.db) == state
+        assert read_seal(bucket, CELL, 1) == 4
+        db.close()

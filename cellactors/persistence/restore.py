@@ -7,8 +7,10 @@ fails the activation (the next one will find the seal).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +24,7 @@ from cellactors.core.changes import HistoryCollected
 from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
 from cellactors.persistence.batches import Batch, decode_batch
-from cellactors.persistence.bucket import Absent, Applied, Bucket
+from cellactors.persistence.bucket import Absent, Applied, Bucket, StoredObject
 from cellactors.persistence.celldb import CellDatabase
 
 SNAPSHOT_VERSION = 1
@@ -118,15 +120,21 @@ _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_pref
 def fetch_bodies(
     bucket: Bucket, keys_in_order: Sequence[str], window: int = FETCH_WORKERS
 ) -> Iterator[tuple[str, bytes | None]]:
-    """GET ``keys_in_order`` on the fetch pool, ``window`` at a time, and yield each
-    (key, body), or (key, None) for an object that is gone, in order. A reader that stops
-    early leaves at most one window of reads unused."""
-    for start in range(0, len(keys_in_order), window):
-        chunk = keys_in_order[start : start + window]
-        futures = [_fetches.submit(bucket.get, key) for key in chunk]
-        for key, future in zip(chunk, futures, strict=True):
-            obj = future.result()
-            yield key, (obj.body if obj is not None else None)
+    """GET ``keys_in_order`` on the fetch pool, at most ``window`` in flight, and yield each
+    (key, body), or (key, None) for an object that is gone, in order. A store error is
+    raised as it is, where its key comes: it says nothing about the object. A reader that
+    stops early leaves at most ``window`` reads unused."""
+    pending: collections.deque[tuple[str, concurrent.futures.Future[StoredObject | None]]]
+    pending = collections.deque()
+    upcoming = iter(keys_in_order)
+    for key in itertools.islice(upcoming, window):
+        pending.append((key, _fetches.submit(bucket.get, key)))
+    while pending:
+        key, future = pending.popleft()
+        obj = future.result()
+        for more in itertools.islice(upcoming, 1):  # keep the window full
+            pending.append((more, _fetches.submit(bucket.get, more)))
+        yield key, (obj.body if obj is not None else None)
 
 
 def _get(bucket: Bucket, key: str) -> bytes:
@@ -180,11 +188,15 @@ def _plan_and_fetch(
                 log.warning("skipping snapshot %s: it holds txid %d", snap.key, txid)
                 unusable.add(snap.key)
                 continue
-        futures = [_fetches.submit(_get, bucket, ref.key) for ref in planned.reads]
         batches: list[Batch] = []
-        for ref, future in zip(planned.reads, futures, strict=True):
+        bodies = fetch_bodies(bucket, [ref.key for ref in planned.reads])
+        for ref, (_key, fetched) in zip(planned.reads, bodies, strict=True):
+            # A store error propagates: only an object read back and found malformed (a torn
+            # upload) may be planned without.
+            if fetched is None:
+                raise _Relist(f"{ref.key} was listed and then vanished")
             try:
-                batches.append(decode_batch(ref.key, future.result()))
+                batches.append(decode_batch(ref.key, fetched))
             except BucketError as err:
                 log.warning("restore of %s: planning without %s: %s", cell_id, ref.key, err)
                 unusable.add(ref.key)
