@@ -166,9 +166,11 @@ class FeedReader:
         found: dict[int, list[Batch]] = {}
         count = 0
         planned_reads = [(step, ref) for step in planned.steps for ref in step.reads]
-        # Fetched a window at a time on the restore pool, used in order.
+        if limit is not None:
+            # Each planned batch extends the chain by one transaction at least.
+            planned_reads = planned_reads[:limit]
         bodies = fetch_bodies(self.bucket, [ref.key for _step, ref in planned_reads])
-        for (step, ref), (_key, body) in zip(planned_reads, bodies, strict=False):
+        for (step, ref), (_key, body) in zip(planned_reads, bodies, strict=True):
             if limit is not None and count >= limit:
                 return found
             if body is None:
