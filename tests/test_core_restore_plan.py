@@ -171,6 +171,21 @@ def test_plan_unsealed_empty_epoch_is_sealed_at_after() -> None:
     assert step == EpochStep(3, 9, 9, (), seal=True)
 
 
+def test_a_plan_capped_at_a_point_seals_nothing() -> None:
+    # A restore to a txid reads an unsealed chain only up to it: it has not seen where the
+    # chain ends, so it must never seal (it is read-only anyway).
+    listing = listing_of({1: [(1, 3), (4, 5)]}, set())
+    assert plan_epoch(listing, 1, 0, None, cap=4) == EpochStep(
+        1, 0, 4, tuple(listing.batches[1]), seal=False
+    )
+    assert plan_epoch(listing, 1, 0, None, cap=9).seal is False  # capped above its end
+    planned = plan_restore(listing, 2, {}, target=4)
+    assert isinstance(planned, Plan) and planned.last_txid == 4
+    assert planned.seals == ()
+    uncapped = plan_restore(listing, 2, {})
+    assert isinstance(uncapped, Plan) and [s.epoch for s in uncapped.seals] == [1]
+
+
 def test_plan_sealed_epoch_stops_at_the_seal() -> None:
     listing = listing_of({1: [(1, 3), (4, 6)]}, {1})
     step = plan_epoch(listing, 1, 0, 4)

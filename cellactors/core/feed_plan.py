@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cellactors.core.restore_plan import (
     BatchRef,
@@ -261,6 +261,4 @@ def plan_point(
             oldest = min(later, key=lambda s: s.txid)
             return Collected(target, oldest.txid, oldest)
         return planned
-    # Read-only: nothing is sealed.
-    steps = tuple(replace(step, seal=False) for step in planned.steps)
-    return Plan(planned.snapshot, steps)
+    return planned  # capped at the target: it seals nothing

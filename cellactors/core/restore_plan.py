@@ -97,15 +97,18 @@ def chain(refs: list[BatchRef], after: int, limit: int | None) -> tuple[list[Bat
     return reads, cur
 
 
-def plan_epoch(listing: Listing, epoch: int, after: int, seal_max: int | None) -> EpochStep:
+def plan_epoch(
+    listing: Listing, epoch: int, after: int, seal_max: int | None, cap: int | None = None
+) -> EpochStep:
     """Plan one epoch: with a seal, read up to its ``max_txid``; without, follow the chain
-    and seal at its end."""
+    and seal at its end. ``cap`` stops an unsealed chain there: such a plan (a read-only
+    restore to a point) seals nothing, since the chain's end was not looked at."""
     refs = listing.batches.get(epoch, [])
     if seal_max is not None:
         reads, upto = chain(refs, after, seal_max)
         return EpochStep(epoch, after, max(after, upto), tuple(reads), seal=False)
-    reads, upto = chain(refs, after, None)
-    return EpochStep(epoch, after, upto, tuple(reads), seal=True)
+    reads, upto = chain(refs, after, cap)
+    return EpochStep(epoch, after, upto, tuple(reads), seal=cap is None)
 
 
 def epochs_to_restore(listing: Listing, from_epoch: int, current: int) -> list[int]:
@@ -230,7 +233,8 @@ def plan_restore(
     unsealed epoch's chain can be an unacknowledged tail, and it is sealed in whole.
 
     ``target`` caps the plan at that txid (a read-only restore to a point): history above
-    it is neither read nor checked, so an object missing there does not stop the restore.
+    it is neither read nor checked, so an object missing there does not stop the restore,
+    and the plan seals nothing.
     """
     newer = superseded_by(listing, current)
     if newer is not None:
@@ -292,10 +296,7 @@ def plan_restore(
                     f"epoch {epoch} is unsealed though epoch {later[0]} was sealed or written "
                     "after it: its seal is missing"
                 )
-            step = plan_epoch(listing, epoch, pos, None)
-            if target is not None and step.upto > target:
-                reads, upto = chain(refs, pos, target)
-                step = EpochStep(epoch, pos, upto, tuple(reads), seal=False)
+            step = plan_epoch(listing, epoch, pos, None, target)
             beyond = [
                 ref
                 for ref in refs
