@@ -96,15 +96,12 @@ class PooledActor(pykka.Actor):
         self._drain()
 
     def _schedule(self) -> None:
+        """A message arrived: start a drain unless one is running or queued."""
         with self._drain_lock:
             if self._draining:
                 return
             self._draining = True
-        try:
-            self.pool.submit(self._drain)
-        except RuntimeError:  # the pool shut down (interpreter exit): nothing will run
-            with self._drain_lock:
-                self._draining = False
+        self._submit_drain()
 
     def _drain(self) -> None:
         try:
@@ -123,10 +120,10 @@ class PooledActor(pykka.Actor):
             if self.actor_stopped.is_set():
                 self._answer_dead()
             elif more:
-                self._resubmit()
+                self._submit_drain()
 
-    def _resubmit(self) -> None:
-        """Queue the next drain (this one handed its thread back with messages left)."""
+    def _submit_drain(self) -> None:
+        """Queue a drain (its caller holds the draining flag)."""
         try:
             self.pool.submit(self._drain)
         except RuntimeError:  # the pool shut down (interpreter exit): nothing will run
