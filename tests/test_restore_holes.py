@@ -115,15 +115,21 @@ def test_restore_lists_again_when_a_collection_deleted_what_it_listed(
     db.close()
 
 
-def test_a_torn_tail_batch_is_dropped_whole(sw_bucket: S3Bucket, tmp_path: object) -> None:
-    a = make_node(sw_bucket, "na")
+def three_writes_then_killed(bucket: Bucket) -> dict[str, object]:
+    """Epoch 1 (node ``na``) acknowledges three increments (4 batches with the table's
+    creation) and dies without releasing; the cell's state then."""
+    a = make_node(bucket, "na")
     try:
         for _ in range(3):
             a.cell(Counter, "a").increment("x")
-        state = cell_dump(a, CELL)
+        return cell_dump(a, CELL)
     finally:
         a.lease.proxy().pause().get()  # dies without releasing
         a.fence("test: killed")
+
+
+def test_a_torn_tail_batch_is_dropped_whole(sw_bucket: S3Bucket, tmp_path: object) -> None:
+    state = three_writes_then_killed(sw_bucket)
     # A crash mid-upload left a torn object where the next batch would be.
     sw_bucket.put(keys.batch_key(CELL, 1, 5, 5), b"\x82\xa1v")
     db = CellDatabase(tmp_path / "t.db")  # type: ignore[operator]
@@ -136,13 +142,7 @@ def test_a_torn_tail_batch_is_dropped_whole(sw_bucket: S3Bucket, tmp_path: objec
 def test_a_missing_middle_batch_fails_instead_of_sealing_below_it(
     sw_bucket: S3Bucket, tmp_path: object
 ) -> None:
-    a = make_node(sw_bucket, "na")
-    try:
-        for _ in range(3):
-            a.cell(Counter, "a").increment("x")
-    finally:
-        a.lease.proxy().pause().get()
-        a.fence("test: killed")
+    three_writes_then_killed(sw_bucket)
     batches = sorted(i.key for i in listing(sw_bucket) if i.key.endswith(".batch"))
     assert len(batches) == 4
     sw_bucket.delete(batches[1])
@@ -160,14 +160,7 @@ def test_a_store_error_on_the_tail_batch_fails_instead_of_sealing_below_it(
     # 500 to every try). It is not torn: nothing proves it was never acknowledged. The
     # restore must fail (and a later one succeed), never drop it and seal epoch 1 below it.
     bucket = make_s3_bucket(seaweed.endpoint)
-    a = make_node(bucket, "na")
-    try:
-        for _ in range(3):
-            a.cell(Counter, "a").increment("x")
-        state = cell_dump(a, CELL)
-    finally:
-        a.lease.proxy().pause().get()
-        a.fence("test: killed")
+    state = three_writes_then_killed(bucket)
     last = max(i.key for i in listing(bucket) if i.key.endswith(".batch"))
     with FaultProxy(seaweed.endpoint, "store") as proxy:
         flaky = S3Bucket(bucket.bucket, endpoint=proxy.endpoint, timeout=3)
