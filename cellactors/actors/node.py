@@ -797,20 +797,17 @@ class Node:
         while not self._reaper_stop.wait(interval):
             now = time.monotonic()
             with self._lock:
-                trim = [
-                    h.active
-                    for h in self._hosts.values()
-                    if h.active is not None
-                    and now - h.active.runtime.last_used > TRIM_AFTER_S
-                    and h.active.runtime.trimmed_for != h.active.runtime.last_used
-                ]
-                idle = [
-                    (cid, now - h.active.runtime.last_used)
-                    for cid, h in self._hosts.items()
-                    if h.active is not None
-                    and now - h.active.runtime.last_used > min(hibernate_after, release_after)
-                    and h.active.runtime.channel.idle()
-                ]
+                trim: list[Active] = []
+                idle: list[tuple[str, float]] = []
+                for cid, h in self._hosts.items():
+                    if h.active is None:
+                        continue
+                    rt = h.active.runtime
+                    idle_for = now - rt.last_used
+                    if idle_for > TRIM_AFTER_S and rt.trimmed_for != rt.last_used:
+                        trim.append(h.active)
+                    if idle_for > min(hibernate_after, release_after) and rt.channel.idle():
+                        idle.append((cid, idle_for))
                 expired = [
                     cid for cid, d in self._dormant.items() if now - d.last_used > release_after
                 ]
