@@ -165,6 +165,26 @@ def test_a_released_cell_fires_on_time_whatever_the_scan_interval(sw_bucket: S3B
         n1.stop()
 
 
+def test_released_cells_alarms_share_scans(sw_bucket: S3Bucket) -> None:
+    # Five released cells whose alarms fall due 100 ms apart: not one LIST each, at most one
+    # per DEPARTED_SCAN_GAP_S (1 s), each alarm still fired within that of its time.
+    n1 = alarm_node(sw_bucket, "n1", alarm_scan_interval=60)
+    names = [f"r{i}" for i in range(5)]
+    try:
+        eventually(lambda: n1.alarms.scans == 1)  # the scan at start
+        due = {}
+        for i, name in enumerate(names):
+            due[name] = n1.cell(Reminder, name).remind(delay=1.0 + i / 10)
+            assert n1.passivate(f"Reminder:{name}")
+        for name in names:
+            eventually(lambda name=name: owner(sw_bucket, f"Reminder:{name}")[1] == 2, timeout=10)
+            fired = eventually(lambda name=name: n1.cell(Reminder, name).fired() or False)
+            assert len(fired) == 1 and due[name] <= fired[0] < due[name] + 2.5
+        assert 2 <= n1.alarms.scans <= 3
+    finally:
+        n1.stop()
+
+
 def test_an_alarm_of_a_crashed_owner_fires_once_on_another_node(sw_bucket: S3Bucket) -> None:
     n1, n2 = alarm_node(sw_bucket, "n1"), alarm_node(sw_bucket, "n2")
     try:

@@ -12,9 +12,9 @@
   Schedule`, precisely, whether the cell is active or hibernated.
 - **Scan.** At start and every ``alarm_scan_interval`` the driver lists the due entries
   (one LIST when nothing is due). It also scans when an entry of a cell that this node
-  released falls due, so that a released cell's alarm fires on time whatever the interval
-  (only the cells of a node that died wait for some node's next scan). An entry of a cell
-  hosted nowhere is an orphan: the
+  released falls due (at most one such scan a second), so that a released cell's alarm
+  fires within a second of its time whatever the interval (only the cells of a node that
+  died wait for some node's next scan). An entry of a cell hosted nowhere is an orphan: the
   driver activates the cell here through the ownership path, which refuses when a live
   node owns it; so exactly one node runs it. A due entry that the hosting node's state no
   longer needs is deleted (after a fresh read of ``own.json`` proves it still owns the cell).
@@ -38,6 +38,10 @@ from cellactors.core.alarms import Action, Wake, WakeState
 from cellactors.errors import BucketError, CallError, NodeUnavailable, StaleRoute
 from cellactors.persistence import calls
 from cellactors.persistence.wakes import WakeStore
+
+#: The least time between two scans that departed entries (alarms of cells this node
+#: released) start: an alarm of such a cell fires within this of its time.
+DEPARTED_SCAN_GAP_S = 1.0
 
 if TYPE_CHECKING:
     from cellactors.actors.node import Node
@@ -191,16 +195,21 @@ class AlarmDriver:
 
     def _loop(self) -> None:
         next_scan = 0.0
+        last_scan = float("-inf")
         while not self._stop.is_set():
             now = time.monotonic()
             with self._cond:
                 scan_now, self._scan_now = self._scan_now, False
                 now_ms = calls.now_ms()
-                while self._departed and self._departed[0] <= now_ms:
-                    heapq.heappop(self._departed)
-                    scan_now = True
+                # One scan takes every departed entry due by then: however many cells this
+                # node released, their alarms cost at most one LIST per DEPARTED_SCAN_GAP_S.
+                if now - last_scan >= DEPARTED_SCAN_GAP_S:
+                    while self._departed and self._departed[0] <= now_ms:
+                        heapq.heappop(self._departed)
+                        scan_now = True
             if now >= next_scan or scan_now:
                 next_scan = now + self.interval
+                last_scan = now
                 self._scan()
             with self._cond:
                 due = self._schedule.pop_due(calls.now_ms())
@@ -212,9 +221,13 @@ class AlarmDriver:
                 if self._stop.is_set():
                     return
                 wait = next_scan - time.monotonic()
-                for at in (self._schedule.next_at(), self._departed[0] if self._departed else None):
-                    if at is not None:
-                        wait = min(wait, (at - calls.now_ms()) / 1000)
+                at = self._schedule.next_at()
+                if at is not None:
+                    wait = min(wait, (at - calls.now_ms()) / 1000)
+                if self._departed:
+                    due_in = (self._departed[0] - calls.now_ms()) / 1000
+                    spaced = last_scan + DEPARTED_SCAN_GAP_S - time.monotonic()
+                    wait = min(wait, max(due_in, spaced))
                 if wait > 0:
                     self._cond.wait(wait)
 

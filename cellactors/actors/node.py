@@ -92,7 +92,7 @@ class NodeSettings:
     #: Seconds between two scans of the bucket's due wake entries (one LIST request each
     #: when nothing is due): an alarm of a cell whose node died or was drained fires within
     #: this of its time (once that node's lease expired); a node scans when an alarm of a
-    #: cell it released falls due, so those fire on time.
+    #: cell it released falls due, so those fire within a second.
     alarm_scan_interval: float = 30.0
 
     def __post_init__(self) -> None:

@@ -320,8 +320,8 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     type=click.FloatRange(min=0.05),
     metavar="SECONDS",
     help="Seconds between scans of the bucket for due alarms of cells no node hosts (one "
-    "LIST request each when nothing is due); alarms of cells this node released fire on "
-    "time regardless.",
+    "LIST request each when nothing is due); alarms of cells this node released fire "
+    "within a second regardless.",
 )
 @_option(
     "--snapshot-every",
