@@ -77,8 +77,11 @@ class Active:
 
 
 #: The threads ownership actors borrow: each runs an activation, a release or a resume at a
-#: time (they wait on store requests, cells and replicators, never on each other).
-_pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ownership")
+#: time (they wait on store requests, cells and replicators, never on each other). Threads
+#: start only as work needs them; the cap is high so that restores stuck on a hanging store
+#: (each bounded by the operation deadline) do not queue the releases and hibernations of
+#: other cells behind them.
+_pool = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="ownership")
 
 
 class OwnershipActor(PooledActor):
