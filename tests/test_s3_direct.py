@@ -6,16 +6,27 @@ wire."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import socket
+import ssl
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import botocore.credentials
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from cellactors.errors import BucketError
 from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.gate import Fenced, GatedBucket
 from cellactors.persistence.s3 import S3Bucket
-from cellactors.persistence.s3_direct import DirectS3, Undecided
+from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 
@@ -168,23 +179,236 @@ def test_a_direct_request_that_hangs_is_abandoned_at_the_timeout(proxy: FaultPro
     assert got is not None and got.body == b"v1"
 
 
-def test_a_body_cut_short_is_never_taken_for_the_object(
-    seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # urllib3 1.x returns a body shorter than its Content-Length without an error; a short
-    # batch would then read as a torn one. The direct path leaves such an answer to boto3.
-    bucket = make_s3_bucket(seaweed.endpoint)
-    bucket.put("k/whole", b"x" * 100)
-    direct = bucket._direct
-    assert direct is not None
+class LyingStore:
+    """A loopback HTTP server that answers every request with ``answer`` (raw bytes) and
+    then closes the connection: the answers a real store might send when something breaks
+    between it and the node."""
 
-    class Short:
-        status = 200
-        headers = {"ETag": '"e"', "Content-Length": "100"}
-        data = b"x" * 10
+    def __init__(self, answer: bytes, tls: ssl.SSLContext | None = None) -> None:
+        self.answer = answer
+        self.tls = tls
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.requests = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
-    monkeypatch.setattr(direct.pool, "request", lambda *a, **kw: Short())
-    with pytest.raises(Undecided, match="10 of 100 bytes"):
-        direct.get(bucket.bucket, "k/whole")
-    got = bucket.get("k/whole")  # boto3 reads it whole
-    assert got is not None and got.body == b"x" * 100
+    @property
+    def endpoint(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                if self.sock.fileno() < 0:
+                    return
+                continue  # a handshake that failed
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests += 1
+                conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _direct_to(endpoint: str, ca_certs: str | None = None) -> DirectS3:
+    credentials = botocore.credentials.Credentials("key", "secret")
+    return DirectS3(endpoint, "us-east-1", credentials, timeout=2.0, ca_certs=ca_certs)
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_the_direct_path_speaks_tls_and_checks_the_certificate(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    store = LyingStore(OK_HEAD + b"Content-Length: 4\r\n\r\nbody", tls=context)
+    try:
+        got = _direct_to(store.endpoint, ca_certs=str(cert)).get("bench", "k/obj")
+        assert got is not None and got.body == b"body"
+        # Against the system's authorities the self-signed store is refused, never read.
+        with pytest.raises(Undecided, match="CERTIFICATE_VERIFY_FAILED"):
+            _direct_to(store.endpoint).get("bench", "k/obj")
+        assert store.requests == 1
+    finally:
+        store.close()
+
+
+OK_HEAD = b'HTTP/1.1 200 OK\r\nETag: "e"\r\n'
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        # A body cut short: only a body whose declared length arrived whole is ever taken
+        # for an object (a short batch would read as a torn one).
+        (OK_HEAD + b"Content-Length: 100\r\n\r\n" + b"x" * 10, "closed mid-answer"),
+        # No declared length: the end of the body cannot be told from a cut.
+        (OK_HEAD + b"Connection: close\r\n\r\nxxxx", "no declared length"),
+        (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n4\r\nxxxx\r\n0\r\n\r\n", "encoding"),
+        (OK_HEAD + b"Content-Length: 4\r\nContent-Length: 5\r\n\r\nxxxx", "conflicting"),
+        (OK_HEAD + b"Content-Length: 2\r\n\r\nxxxx", "beyond the declared body"),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + OK_HEAD + b"Content-Length: 0\r\n\r\n", "final"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nxxxx", "without an ETag"),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "GET answered 404"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * 70_000, "header block over"),
+        (b"not http at all\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "malformed header"),
+        (b"", "closed before an answer"),
+    ],
+)
+def test_an_answer_that_is_not_clean_is_never_taken(answer: bytes, reason: str) -> None:
+    store = LyingStore(answer)
+    try:
+        with pytest.raises(Undecided, match=reason):
+            _direct_to(store.endpoint).get("bench", "k/whole")
+    finally:
+        store.close()
+
+
+def test_a_connection_the_store_closed_while_idle_is_replaced() -> None:
+    # This store closes every connection after one answer, without saying so: the next
+    # request finds its pooled connection closed before any answer, and is sent again on a
+    # new one rather than left to boto3.
+    store = LyingStore(OK_HEAD + b"Content-Length: 4\r\n\r\nbody")
+    direct = _direct_to(store.endpoint)
+    try:
+        for _ in range(3):
+            got = direct.get("bench", "k/obj")
+            assert got is not None and got.body == b"body"
+        assert store.requests == 3
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<Error><Code>InternalError</Code></Error>",
+        b"<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+        b"<ListBucketResult><Contents><Key>a</Key><LastModified>yesterday</LastModified>"
+        b"</Contents></ListBucketResult>",
+        b"<ListBucketResult><Contents><Key>a</Key>",
+    ],
+)
+def test_a_listing_that_is_not_clean_is_never_taken(body: bytes) -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    store = LyingStore(answer)
+    try:
+        with pytest.raises(Undecided, match="unreadable page"):
+            _direct_to(store.endpoint).list_page("bench", "cells/")
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("store", ["seaweed", "moto"])
+def test_direct_listings_page_like_boto3(store: str, request: pytest.FixtureRequest) -> None:
+    endpoint = (
+        request.getfixturevalue("seaweed").endpoint
+        if store == "seaweed"
+        else request.getfixturevalue("moto_server")
+    )
+    bucket = make_s3_bucket(endpoint, prefix="fleet")
+    names = [*KEYS, *(f"cells/Counter:{n}/own.json" for n in range(7))]
+    for key in names:
+        bucket.put(key, b"x" * len(key))
+
+    def both(**args: Any) -> tuple[list[ListPage], list[ListPage]]:
+        assert bucket._direct is not None
+        direct, boto = [], []
+        with BotoSends(bucket._plain) as sends:
+            token = None
+            while True:
+                page = bucket._direct.list_page(bucket.bucket, "fleet/", token=token, **args)
+                direct.append(page)
+                if page.next_token is None:
+                    break
+                token = page.next_token
+            assert sends.count == 0
+        token = None
+        while True:
+            page = bucket._boto3_page("", "fleet/", token, args.get("delimiter"), None, 3)
+            boto.append(page)
+            if page.next_token is None:
+                return direct, boto
+            token = page.next_token
+
+    direct, boto = both(max_keys=3)
+    assert len(direct) == len(boto) == -(-len(names) // 3)  # pages of 3
+    assert [p.objects for p in direct] == [p.objects for p in boto]
+    assert {o.key for p in direct for o in p.objects} == {"fleet/" + k for k in names}
+    direct, boto = both(max_keys=3, delimiter="/")
+    assert [p.folders for p in direct] == [p.folders for p in boto]
+    assert {f for p in direct for f in p.folders} == {"fleet/cells/", "fleet/odd/"}
+    # Through the bucket: every page direct, and the same answers as boto3's paginator.
+    with BotoSends(bucket._plain) as sends:
+        listed = list(bucket.list(""))
+        folders = list(bucket.list_folders("cells/"))
+        # moto's server answers 500 to the cursor's U+FFFF (S3 and SeaweedFS take it).
+        after = (
+            list(bucket.list_folders("cells/", start_after="Counter:3")) if store != "moto" else []
+        )
+    assert sends.count == 0
+    assert sorted(info.key for info in listed) == sorted(names)
+    assert all(info.size == len(info.key) and info.last_modified_ms > 0 for info in listed)
+    assert sorted(folders) == sorted({k.split("/")[1] for k in names if k.startswith("cells/")})
+    if store != "moto":
+        assert after == [name for name in sorted(folders) if name > "Counter:3"]
+        assert after[:3] == ["Counter:4", "Counter:5", "Counter:6"]
+
+
+def test_a_listing_page_that_fails_is_listed_again_through_boto3(proxy: FaultProxy) -> None:
+    bucket = make_s3_bucket(proxy.endpoint)
+    for n in range(5):
+        bucket.put(f"cells/c{n}/own.json", b"{}")
+    # The second page fails on the direct path: boto3 lists that page (and only that one)
+    # again from the same continuation token, and nothing is listed twice or left out.
+    pages = bucket._pages("cells/", "cells/", max_keys=2)
+    first = next(pages)
+    rule = proxy.fail(500, "InternalError", kind="list", times=1)
+    with BotoSends(bucket._plain) as sends:
+        rest = list(pages)
+    assert rule.applied == 1 and sends.count == 1
+    listed = [o.key for p in [first, *rest] for o in p.objects]
+    assert listed == [f"cells/c{n}/own.json" for n in range(5)]
+    assert [r.status for r in proxy.requests(kind="list")] == [200, 500, 200, 200]

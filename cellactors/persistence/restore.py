@@ -114,13 +114,17 @@ class _Relist(Exception):
 
 MAX_LISTINGS = 4
 FETCH_WORKERS = 16
+#: Reads queued ahead of the one being consumed: several per worker, so that one slow read
+#: at the head does not leave the other workers idle while the consumer waits on it.
+FETCH_WINDOW = 4 * FETCH_WORKERS
 _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="restore")
 
 
 def fetch_bodies(
-    bucket: Bucket, keys_in_order: Sequence[str], window: int = FETCH_WORKERS
+    bucket: Bucket, keys_in_order: Sequence[str], window: int = FETCH_WINDOW
 ) -> Iterator[tuple[str, bytes | None]]:
-    """GET ``keys_in_order`` on the fetch pool, at most ``window`` in flight, and yield each
+    """GET ``keys_in_order`` on the fetch pool, at most ``window`` queued ahead of the reader
+    (:data:`FETCH_WORKERS` of them sent at once), and yield each
     (key, body), or (key, None) for an object that is gone, in order. A store error is
     raised as it is, where its key comes: it says nothing about the object. A reader that
     stops early leaves at most ``window`` reads unused."""

@@ -34,7 +34,7 @@ from cellactors.persistence.bucket import (
     strip_prefix,
 )
 from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.s3_direct import DirectS3, Undecided
+from cellactors.persistence.s3_direct import DirectS3, Listed, ListPage, Undecided
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -305,32 +305,95 @@ class S3Bucket(Bucket):
         return Applied(str(resp["ETag"]), server_ms=_date_ms(resp))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        paginator = self._plain.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-                for item in page.get("Contents", []):
-                    yield ObjectInfo(
-                        key=strip_prefix(self.prefix, item["Key"]),
-                        token=str(item.get("ETag", "")),
-                        size=int(item.get("Size", 0)),
-                        last_modified_ms=int(item["LastModified"].timestamp() * 1000),
-                    )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
-            raise failure(f"LIST {prefix}", err) from err
+        for page in self._pages(prefix, self._key(prefix)):
+            for item in page.objects:
+                yield ObjectInfo(
+                    key=strip_prefix(self.prefix, item.key),
+                    token=item.etag,
+                    size=item.size,
+                    last_modified_ms=item.last_modified_ms,
+                )
 
     def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
         full = self._key(prefix)
-        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "Delimiter": "/"}
-        if start_after:
-            args["StartAfter"] = folder_cursor(full, start_after)
-        paginator = self._plain.get_paginator("list_objects_v2")
+        cursor = folder_cursor(full, start_after) if start_after else None
+        for page in self._pages(prefix, full, delimiter="/", start_after=cursor):
+            for folder in page.folders:
+                name = strip_prefix(self.prefix, folder)[len(prefix) :]
+                yield name.rstrip("/")
+
+    def _pages(
+        self,
+        prefix: str,
+        full: str,
+        *,
+        delimiter: str | None = None,
+        start_after: str | None = None,
+        max_keys: int | None = None,
+    ) -> Iterator[ListPage]:
+        """The pages of a listing under ``full``. Each page is asked for on the direct path
+        first and, when that answer is not clean, through boto3 from the same continuation
+        token; ``prefix`` names the listing in errors."""
+        token: str | None = None
+        while True:
+            page: ListPage | None = None
+            if self._direct is not None:
+                try:
+                    page = self._direct.list_page(
+                        self.bucket,
+                        full,
+                        token=token,
+                        delimiter=delimiter,
+                        start_after=start_after,
+                        max_keys=max_keys,
+                    )
+                except Undecided:
+                    pass  # boto3 lists this page again, retries and classifies the failure
+            if page is None:
+                page = self._boto3_page(prefix, full, token, delimiter, start_after, max_keys)
+            yield page
+            if page.next_token is None:
+                return
+            token = page.next_token
+
+    def _boto3_page(
+        self,
+        prefix: str,
+        full: str,
+        token: str | None,
+        delimiter: str | None,
+        start_after: str | None,
+        max_keys: int | None,
+    ) -> ListPage:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        for name, value in (
+            ("ContinuationToken", token),
+            ("Delimiter", delimiter),
+            ("StartAfter", start_after),
+            ("MaxKeys", max_keys),
+        ):
+            if value is not None:
+                args[name] = value
         try:
-            for page in paginator.paginate(**args):
-                for common in page.get("CommonPrefixes", []):
-                    name = strip_prefix(self.prefix, common["Prefix"])[len(prefix) :]
-                    yield name.rstrip("/")
+            resp = self._plain.list_objects_v2(**args)
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
             raise failure(f"LIST {prefix}", err) from err
+        next_token = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
+        if resp.get("IsTruncated") and not next_token:
+            raise BucketError(f"LIST {prefix}: a truncated page without a continuation token")
+        return ListPage(
+            objects=[
+                Listed(
+                    key=item["Key"],
+                    etag=str(item.get("ETag", "")),
+                    size=int(item.get("Size", 0)),
+                    last_modified_ms=int(item["LastModified"].timestamp() * 1000),
+                )
+                for item in resp.get("Contents", [])
+            ],
+            folders=[common["Prefix"] for common in resp.get("CommonPrefixes", [])],
+            next_token=next_token,
+        )
 
     def delete(self, key: str) -> None:
         try:
