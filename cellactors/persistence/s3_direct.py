@@ -189,7 +189,6 @@ class DirectS3:
         """Send one request on a pooled connection and read its whole answer. A pooled
         connection the store closed while it was idle fails before any answer arrives:
         then the idle ones are dropped and the request is sent once more on a new one."""
-        refuse_if_fenced()  # raises Fenced: the gate is closed, nothing is sent
         query = _canonical_query(params) if params else ""
         target = path + ("?" + query if query else "")
         try:
@@ -203,6 +202,7 @@ class DirectS3:
         except ValueError as err:  # credentials or a header the request cannot carry
             raise Undecided(f"{method} could not be signed: {err}") from err
         for attempt in (1, 2):
+            refuse_if_fenced()  # raises Fenced: the gate is closed, nothing is sent
             try:
                 conn, pooled = self.pool.take()
                 answer = conn.exchange(request)
