@@ -101,7 +101,6 @@ class DirectS3:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an HTTP endpoint: {endpoint!r}")
-        self.scheme = url.scheme
         self.host: str = url.netloc
         self.root = url.path.rstrip("/")
         self.region = region
