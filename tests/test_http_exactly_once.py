@@ -9,7 +9,6 @@ raw socket "node" for failures a real server does not produce on demand.
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from cellactors.errors import (
     RemoteOwner,
 )
 from cellactors.server import signing
+from tests.raw_server import RawServer
 from tests.test_server_app import (
     KEY,
     WAIT,
@@ -51,68 +51,9 @@ def pair() -> Iterator[tuple[Served, Served]]:
         yield a, b
 
 
-class RawNode:
-    """A TCP listener that reads whole HTTP requests and then, per connection, either
-    closes without answering (``reply=None``) or writes ``reply`` and closes."""
-
-    def __init__(self, reply: bytes | None = None) -> None:
-        self.reply = reply
-        self.requests: list[tuple[bytes, dict[str, str], bytes]] = []  # line, headers, body
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(WAIT)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._stop = threading.Event()
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self._sock.getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                if self._stop.is_set():
-                    return
-                conn.settimeout(WAIT)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                line, *header_lines = head.split(b"\r\n")
-                headers = {}
-                for raw in header_lines:
-                    name, _, value = raw.decode("latin-1").partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                length = int(headers.get("content-length", "0"))
-                while len(body) < length:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
-                self.requests.append((line, headers, body))
-                if self.reply is not None:
-                    conn.sendall(self.reply)
-
-    def close(self) -> None:
-        """Stop: wake the accepting thread with one last connection, then close."""
-        self._stop.set()
-        with socket.create_connection(self._sock.getsockname()[:2], timeout=WAIT):
-            pass
-        self._thread.join(WAIT)
-        self._sock.close()
-
-
 @pytest.fixture
-def dropper() -> Iterator[RawNode]:
-    node = RawNode()
+def dropper() -> Iterator[RawServer]:
+    node = RawServer()
     yield node
     node.close()
 
@@ -187,7 +128,7 @@ def test_owner_fenced_while_holding_the_answer_is_unknown(
 
 
 def test_owner_dropping_the_connection_after_the_request_is_unknown(
-    served: Served, dropper: RawNode, http: httpx.Client
+    served: Served, dropper: RawServer, http: httpx.Client
 ) -> None:
     served.node.routes = [RemoteOwner("node-x", dropper.url, "gen-x")] * 2
     r = post(
@@ -203,7 +144,7 @@ def test_owner_dropping_the_connection_after_the_request_is_unknown(
 def test_owner_answering_without_an_error_body_is_unknown(
     served: Served, http: httpx.Client
 ) -> None:
-    plain = RawNode(
+    plain = RawServer(
         b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
         b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
     )
@@ -455,7 +396,7 @@ def test_client_retries_a_lost_answer_and_the_cell_runs_once(served: Served) -> 
 
 
 def test_client_retries_a_dropped_connection_under_the_same_key(
-    served: Served, dropper: RawNode
+    served: Served, dropper: RawServer
 ) -> None:
     with Client([dropper.url, served.public], backoff=0.01) as client:
         assert client.cell("Counter", "a").increment(by=4) == 4
@@ -466,7 +407,7 @@ def test_client_retries_a_dropped_connection_under_the_same_key(
 
 
 def test_client_without_keys_does_not_retry_a_dropped_connection(
-    served: Served, dropper: RawNode
+    served: Served, dropper: RawServer
 ) -> None:
     with (
         Client([dropper.url, served.public], idempotency_keys=False) as client,
@@ -480,7 +421,7 @@ def test_client_without_keys_does_not_retry_a_dropped_connection(
 
 
 def test_an_explicit_key_is_retried_even_without_automatic_keys(
-    served: Served, dropper: RawNode
+    served: Served, dropper: RawServer
 ) -> None:
     with Client([dropper.url, served.public], idempotency_keys=False, backoff=0.01) as client:
         assert client.cell("Counter", "a").with_key("mine-1").increment() == 1

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import socket
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from cellactors.persistence.s3 import S3Bucket
 from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
+from tests.raw_server import RawServer
 
 # Key shapes the runtime writes, and characters a path must encode for the signature.
 KEYS = [
@@ -179,48 +178,6 @@ def test_a_direct_request_that_hangs_is_abandoned_at_the_timeout(proxy: FaultPro
     assert got is not None and got.body == b"v1"
 
 
-class LyingStore:
-    """A loopback HTTP server that answers every request with ``answer`` (raw bytes) and
-    then closes the connection: the answers a real store might send when something breaks
-    between it and the node."""
-
-    def __init__(self, answer: bytes, tls: ssl.SSLContext | None = None) -> None:
-        self.answer = answer
-        self.tls = tls
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.requests = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-                if self.tls is not None:
-                    conn = self.tls.wrap_socket(conn, server_side=True)
-            except OSError:
-                if self.sock.fileno() < 0:
-                    return
-                continue  # a handshake that failed
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests += 1
-                conn.sendall(self.answer)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _direct_to(endpoint: str, ca_certs: str | None = None) -> DirectS3:
     credentials = botocore.credentials.Credentials("key", "secret")
     return DirectS3(endpoint, "us-east-1", credentials, timeout=2.0, ca_certs=ca_certs)
@@ -262,14 +219,14 @@ def test_the_direct_path_speaks_tls_and_checks_the_certificate(tmp_path: Path) -
     cert, key = _self_signed(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    store = LyingStore(OK_HEAD + b"Content-Length: 4\r\n\r\nbody", tls=context)
+    store = RawServer(OK_HEAD + b"Content-Length: 4\r\n\r\nbody", tls=context)
     try:
-        got = _direct_to(store.endpoint, ca_certs=str(cert)).get("bench", "k/obj")
+        got = _direct_to(store.url, ca_certs=str(cert)).get("bench", "k/obj")
         assert got is not None and got.body == b"body"
         # Against the system's authorities the self-signed store is refused, never read.
         with pytest.raises(Undecided, match="CERTIFICATE_VERIFY_FAILED"):
-            _direct_to(store.endpoint).get("bench", "k/obj")
-        assert store.requests == 1
+            _direct_to(store.url).get("bench", "k/obj")
+        assert len(store.requests) == 1
     finally:
         store.close()
 
@@ -298,10 +255,10 @@ OK_HEAD = b'HTTP/1.1 200 OK\r\nETag: "e"\r\n'
     ],
 )
 def test_an_answer_that_is_not_clean_is_never_taken(answer: bytes, reason: str) -> None:
-    store = LyingStore(answer)
+    store = RawServer(answer)
     try:
         with pytest.raises(Undecided, match=reason):
-            _direct_to(store.endpoint).get("bench", "k/whole")
+            _direct_to(store.url).get("bench", "k/whole")
     finally:
         store.close()
 
@@ -310,13 +267,13 @@ def test_a_connection_the_store_closed_while_idle_is_replaced() -> None:
     # This store closes every connection after one answer, without saying so: the next
     # request finds its pooled connection closed before any answer, and is sent again on a
     # new one rather than left to boto3.
-    store = LyingStore(OK_HEAD + b"Content-Length: 4\r\n\r\nbody")
-    direct = _direct_to(store.endpoint)
+    store = RawServer(OK_HEAD + b"Content-Length: 4\r\n\r\nbody")
+    direct = _direct_to(store.url)
     try:
         for _ in range(3):
             got = direct.get("bench", "k/obj")
             assert got is not None and got.body == b"body"
-        assert store.requests == 3
+        assert len(store.requests) == 3
     finally:
         store.close()
 
@@ -333,10 +290,10 @@ def test_a_connection_the_store_closed_while_idle_is_replaced() -> None:
 )
 def test_a_listing_that_is_not_clean_is_never_taken(body: bytes) -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    store = LyingStore(answer)
+    store = RawServer(answer)
     try:
         with pytest.raises(Undecided, match="unreadable page"):
-            _direct_to(store.endpoint).list_page("bench", "cells/")
+            _direct_to(store.url).list_page("bench", "cells/")
     finally:
         store.close()
 
