@@ -37,7 +37,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -300,14 +300,14 @@ class Client:
         *,
         follow: bool = False,
         wait: float = 25.0,
-    ) -> Iterator[Change]:
+    ) -> Generator[Change, None, None]:
         """The cell's acknowledged transactions after txid ``after``, in txid order, from
         ``GET /cells/{cls}/{name}/changes`` (any node serves it from the bucket).
 
         Without ``follow`` the iterator ends once it has what the bucket holds now. With
         ``follow`` it never ends: each request stays open ``wait`` seconds (below the
         client's read timeout) and is renewed after the last txid seen, on the next URL when
-        a node fails. History that was collected raises
+        a node fails; ``close()`` it to end the open request. History that was collected raises
         :class:`~cellactors.core.changes.HistoryCollected` (its ``oldest_txid`` and
         ``snapshot_txid`` say where to start)."""
         pos = after

@@ -9,7 +9,7 @@ from cellactors import CellActor
 
 class Counter(CellActor):
     def on_activate(self) -> None:
-        self.db["counts"].create({"name": str, "n": int}, pk="name", if_not_exists=True)
+        self.db.table("counts").create({"name": str, "n": int}, pk="name", if_not_exists=True)
 
     def increment(self, name: str, by: int = 1) -> int:
         self.db.execute(

@@ -5,6 +5,7 @@ request budget."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.errors import MethodFailed, NotDurable
+from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.persistence.wakes import parse_wake_key
@@ -26,7 +28,17 @@ SCAN = 0.3
 CLASSES = [Reminder, Flaky, Hop, Inbox]
 
 
-def alarm_node(bucket: S3Bucket, node_id: str, **kw: Any) -> Node:
+def fired_or_false(node: Node, name: str) -> list[float] | bool:
+    """The times Reminder ``name`` fired at, or False while it has not (for eventually())."""
+    fired: list[float] = node.cell(Reminder, name).fired()
+    return fired or False
+
+
+def owned_at(bucket: Bucket, cell_id: str, epoch: int) -> bool:
+    return owner(bucket, cell_id)[1] == epoch
+
+
+def alarm_node(bucket: Bucket, node_id: str, **kw: Any) -> Node:
     kw.setdefault("alarm_scan_interval", SCAN)
     settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:1{len(node_id)}", **kw)
     return Node(bucket, node_id, CLASSES, settings).start()
@@ -49,7 +61,7 @@ def delta(node: Node, before: Counter[tuple[str, str]]) -> dict[tuple[str, str],
     return {k: after[k] - before[k] for k in after if after[k] != before[k] and k[1] != "lease"}
 
 
-def owner(bucket: S3Bucket, cell_id: str) -> tuple[str, int]:
+def owner(bucket: Bucket, cell_id: str) -> tuple[str, int]:
     record = OwnershipStore(bucket, "reader").read_owner(cell_id)
     assert record is not None
     return record.node, record.epoch
@@ -70,6 +82,7 @@ def test_alarm_fires_and_its_wake_entry_lives_from_ack_to_consumption(
         assert cell.alarm() == pytest.approx(at, abs=0.001)
         assert cell.fired() == []
         fired = eventually(lambda: cell.fired() or False, timeout=10)
+        assert isinstance(fired, list)  # eventually() returns only once it is no longer False
         assert len(fired) == 1 and at <= fired[0] < at + 2.0
         assert cell.alarm() is None
         eventually(lambda: wakes(sw_bucket) == [], timeout=5)  # consumed, then deleted
@@ -119,6 +132,7 @@ def test_a_hibernated_cell_fires_on_time_without_a_new_epoch(sw_bucket: S3Bucket
         assert node.hibernate("Reminder:a") and node.hibernated_cells() == 1
         eventually(lambda: node.metrics.alarms.labels("Reminder", "fired")._value.get() == 1)
         fired = cell.fired()
+        assert isinstance(fired, list)  # eventually() returns only once it is no longer False
         assert len(fired) == 1 and at <= fired[0] < at + 1.5  # the timer heap, not a scan
         assert owner(sw_bucket, "Reminder:a") == ("n1", 1)
     finally:
@@ -140,6 +154,7 @@ def test_a_released_cell_fires_from_a_scan_within_the_interval(sw_bucket: S3Buck
             return node_of[name].cell(Reminder, "a").fired() or False
 
         fired = eventually(fired_somewhere, timeout=15)
+        assert isinstance(fired, list)  # eventually() returns only once it is no longer False
         assert len(fired) == 1 and at <= fired[0] < at + SCAN + 1.5
         eventually(lambda: wakes(sw_bucket) == [], timeout=5)
     finally:
@@ -158,6 +173,7 @@ def test_a_released_cell_fires_on_time_whatever_the_scan_interval(sw_bucket: S3B
         assert owner(sw_bucket, "Reminder:a") == ("", 1)  # hosted nowhere
         eventually(lambda: owner(sw_bucket, "Reminder:a") == ("n1", 2), timeout=10)
         fired = eventually(lambda: n1.cell(Reminder, "a").fired() or False, timeout=5)
+        assert isinstance(fired, list)  # eventually() returns only once it is no longer False
         assert len(fired) == 1 and at <= fired[0] < at + 1.5
         assert n1.alarms.scans == 2
         eventually(lambda: wakes(sw_bucket) == [], timeout=5)
@@ -177,8 +193,9 @@ def test_released_cells_alarms_share_scans(sw_bucket: S3Bucket) -> None:
             due[name] = n1.cell(Reminder, name).remind(delay=1.0 + i / 10)
             assert n1.passivate(f"Reminder:{name}")
         for name in names:
-            eventually(lambda name=name: owner(sw_bucket, f"Reminder:{name}")[1] == 2, timeout=10)
-            fired = eventually(lambda name=name: n1.cell(Reminder, name).fired() or False)
+            eventually(functools.partial(owned_at, sw_bucket, f"Reminder:{name}", 2), timeout=10)
+            fired = eventually(functools.partial(fired_or_false, n1, name))
+            assert isinstance(fired, list)  # eventually() returns only once it is no longer False
             assert len(fired) == 1 and due[name] <= fired[0] < due[name] + 2.5
         assert 2 <= n1.alarms.scans <= 3
     finally:
@@ -192,6 +209,7 @@ def test_an_alarm_of_a_crashed_owner_fires_once_on_another_node(sw_bucket: S3Buc
         crash(n1, sw_bucket)
         eventually(lambda: n2.metrics.alarms.labels("Reminder", "fired")._value.get() == 1)
         fired = n2.cell(Reminder, "a").fired()
+        assert isinstance(fired, list)  # eventually() returns only once it is no longer False
         assert len(fired) == 1 and at <= fired[0] < at + SCAN + 2.0
         assert owner(sw_bucket, "Reminder:a")[0] == "n2"
         eventually(lambda: wakes(sw_bucket) == [], timeout=5)

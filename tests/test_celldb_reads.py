@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,10 @@ def traced(db: CellDatabase) -> list[str]:
     statements: list[str] = []
     db.conn.set_trace_callback(statements.append)
     return statements
+
+
+def run_sql(db: CellDatabase, statement: str) -> list[Any]:
+    return db.conn.execute(statement).fetchall()
 
 
 def read(db: CellDatabase) -> int:
@@ -109,9 +115,9 @@ def test_an_open_cell_database_holds_one_file_descriptor(tmp_path: Path) -> None
     before = open_files()  # e.g. temp files that other tests' connections still hold
     cells = [CellDatabase(tmp_path / f"c{i}.db") for i in range(10)]
     for cell in cells:
-        cell.run(lambda c=cell: c.conn.execute("CREATE TABLE t (k PRIMARY KEY, v)") and None)
-        cell.run(lambda c=cell: c.conn.execute("INSERT INTO t VALUES (1, 2)") and None)
-        cell.run(lambda c=cell: c.conn.execute("SELECT * FROM t").fetchall())
+        cell.run(functools.partial(run_sql, cell, "CREATE TABLE t (k PRIMARY KEY, v)"))
+        cell.run(functools.partial(run_sql, cell, "INSERT INTO t VALUES (1, 2)"))
+        cell.run(functools.partial(run_sql, cell, "SELECT * FROM t"))
     opened = list((Counter(open_files()) - Counter(before)).elements())
     assert sorted(opened) == sorted(str(tmp_path / f"c{i}.db") for i in range(10))
     for cell in cells:

@@ -43,10 +43,13 @@ def test_wake_changes_write_new_entries_first_and_delete_old_ones_after() -> Non
     a, b = Wake(10, "n1"), Wake(20, "n2")
     out = Wake(0, alarms.OUTBOX_TAG)
     assert alarms.wake_keys(WakeState(a, True)) == {a, out}
-    assert alarms.wake_changes(frozenset(), WakeState(a)) == ({a}, frozenset())
-    assert alarms.wake_changes(frozenset({a}), WakeState(b)) == ({b}, {a})
-    assert alarms.wake_changes(frozenset({a, out}), WakeState(a, False)) == (frozenset(), {out})
-    assert alarms.wake_changes(frozenset({a}), WakeState()) == (frozenset(), {a})
+    assert alarms.wake_changes(frozenset(), WakeState(a)) == (frozenset({a}), frozenset())
+    assert alarms.wake_changes(frozenset({a}), WakeState(b)) == (frozenset({b}), frozenset({a}))
+    assert alarms.wake_changes(frozenset({a, out}), WakeState(a, False)) == (
+        frozenset(),
+        frozenset({out}),
+    )
+    assert alarms.wake_changes(frozenset({a}), WakeState()) == (frozenset(), frozenset({a}))
 
 
 def test_scan_actions() -> None:

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from cellactors.core.feed_plan import Collected, FeedPlan, plan_feed, plan_point
-from cellactors.core.restore_plan import Hole, NeedSeal, Plan, SnapshotRef, parse_listing
+from cellactors.core.restore_plan import (
+    Hole,
+    NeedSeal,
+    Plan,
+    PlanResult,
+    SnapshotRef,
+    parse_listing,
+)
 from cellactors.core.retention import covered_by, retention_base
 from cellactors.persistence import keys
 
@@ -204,7 +211,9 @@ def test_feed_reads_the_newest_seal_even_without_batches_beyond() -> None:
 # --- plan_point ------------------------------------------------------------------------------
 
 
-def point(objects: list[str], current: int, seals: dict[int, int], target: int, **kw: object):
+def point(
+    objects: list[str], current: int, seals: dict[int, int], target: int, **kw: object
+) -> PlanResult | Collected:
     listing = parse_listing(ROOT, objects)
     read: dict[int, int] = {}
     while True:

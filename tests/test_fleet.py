@@ -8,6 +8,7 @@ Every wait polls with a deadline. Lease TTLs are short (2 s) except in the drain
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import socket
@@ -291,6 +292,10 @@ def test_rolling_restart_loses_no_acknowledged_write(make_fleet: MakeFleet) -> N
     for i, node in enumerate(fleet):
         assert append(node.public_url, f"roll{i}", "warm").status_code == 200
         writers.append(Writer(lambda: fleet.urls, f"roll{i}", f"r{i}").start())
+
+    def all_acked_after(moment: float) -> bool:
+        return all(w.acks_after(moment) for w in writers)
+
     try:
         for node in fleet:
             wait_for("progress", lambda: all(len(w.acked()) >= 5 for w in writers), 20)
@@ -300,7 +305,7 @@ def test_rolling_restart_loses_no_acknowledged_write(make_fleet: MakeFleet) -> N
             back_at = time.monotonic()
             wait_for(
                 f"every cell answering after {node.node_id} restarted",
-                lambda t=back_at: all(w.acks_after(t) for w in writers),
+                functools.partial(all_acked_after, back_at),
                 20,
             )
     finally:

@@ -4,6 +4,7 @@ retry the S3 client makes inside a call that started before the fence."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_a_closed_gate_refuses_every_request_before_sending(sw_bucket: S3Bucket)
     assert gate.get("cells/C:a/x") is not None
     sent = sum(metered.snapshot().values())
     gate.close_gate("test")
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: gate.get("cells/C:a/x"),
         lambda: gate.head("cells/C:a/x"),
         lambda: gate.put("cells/C:a/y", b"2"),
@@ -80,7 +81,7 @@ def test_a_fenced_node_sends_nothing_more_and_its_held_call_is_unknown(
         cell = node.cell(Counter, "a")
         assert cell.increment("x") == 1
         store.failing = True
-        outcome: list[BaseException] = []
+        outcome: list[NotDurable] = []
 
         def call() -> None:
             try:

@@ -118,6 +118,7 @@ def test_client_leaving_mid_body_is_one_log_line(
     caplog.set_level(logging.DEBUG)
     url = httpx.URL(served.public if listener == "public" else served.internal)
     prefix = "" if listener == "public" else "/internal"
+    assert url.port is not None
     with socket.create_connection((url.host, url.port), timeout=WAIT) as sock:
         sock.sendall(
             f"POST {prefix}/cells/Counter/a/increment HTTP/1.1\r\nHost: x\r\n".encode()

@@ -201,7 +201,7 @@ def test_invalid_keys_are_400_before_the_node(served: Served, http: httpx.Client
     r = http.post(
         served.public + "/cells/Counter/a/increment",
         content=b"{}",
-        headers=[("Idempotency-Key", bad.encode("utf-8"))],
+        headers=[(b"Idempotency-Key", bad.encode("utf-8"))],
     )
     assert r.status_code == 400
     assert r.json()["error"] == "bad_request"

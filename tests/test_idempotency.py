@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter as Tally
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -295,16 +296,25 @@ def test_collection_is_bounded_per_transaction(tmp_path: Path) -> None:
     db = CellDatabase(tmp_path / "c.db")
     retention = calls.Retention(window_s=1, max_keys=100, per_txn=2)
     db.run(lambda: db.conn.execute("CREATE TABLE t (v)"))
+
+    def record(key: str, at: int) -> Callable[[object], None]:
+        def on_write(_result: object) -> None:
+            db.calls.record(key, "m", "d", b"\xc0", at)
+
+        return on_write
+
+    def collect(_result: object) -> None:
+        db.calls.collect(retention, 10_000)
+
     for i in range(5):
         db.run(
-            lambda: db.conn.execute("INSERT INTO t VALUES (1)"),
-            on_write=lambda _r, i=i: db.calls.record(f"k{i}", "m", "d", b"\xc0", 1000 + i),
+            lambda: db.conn.execute("INSERT INTO t VALUES (1)"), on_write=record(f"k{i}", 1000 + i)
         )
     assert db.calls.count() == 5
     for expected in (3, 1, 0):
         db.run(
             lambda: db.conn.execute("INSERT INTO t VALUES (1)"),
-            on_write=lambda _r: db.calls.collect(retention, 10_000),
+            on_write=collect,
         )
         assert db.calls.count() == expected
         assert db.conn.execute("SELECT count(*) FROM _cellactors_calls").fetchone()[0] == expected

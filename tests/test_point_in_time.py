@@ -5,6 +5,7 @@ retention rule of garbage collection."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from pathlib import Path
@@ -49,6 +50,10 @@ STEPS: list[list[str]] = [
 ]
 
 
+def later_than(stamp: int) -> bool:
+    return time_ms() > stamp
+
+
 def acked_txid(node: Any) -> int:
     (cell,) = [c for c in node.state()["cells"] if c["cell"] == CELL]
     return int(cell["acked_txid"])
@@ -82,7 +87,7 @@ def test_point_in_time_restores_equal_copies_taken_at_each_point(
             copies[txid] = cell_dump(node, CELL)
             stamp = time_ms()
             times.append((stamp, txid))
-            eventually(lambda s=stamp: time_ms() > s, timeout=2, interval=0.001)
+            eventually(functools.partial(later_than, stamp), timeout=2, interval=0.001)
         eventually(lambda: len(list(sw_bucket.list(keys.cell_root(CELL) + "snap/"))) >= 2)
         assert sorted(copies) == list(range(1, len(STEPS) + 1))
         epoch = 3  # the owner's epoch (2) plus one

@@ -3,12 +3,15 @@ passivation, snapshots and the user API."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import Counter as Tally
+from typing import Any, cast
 
 import pytest
 
+from cellactors import Node
 from cellactors.actors.replicator import SnapshotPolicy
 from cellactors.errors import (
     BadResult,
@@ -36,7 +39,7 @@ from tests.runtime_helpers import (
 CELL = "Counter:a"
 
 
-def delta(node, before: Tally) -> Tally:  # type: ignore[no-untyped-def]
+def delta(node: Node, before: Tally[tuple[str, str]]) -> Tally[tuple[str, str]]:
     after = node.bucket.snapshot()
     after.subtract(before)
     return Tally({k: v for k, v in after.items() if v and k[1] != "lease"})
@@ -444,7 +447,7 @@ def test_cell_classes_that_clash_with_the_runtime_are_refused() -> None:
     from cellactors.errors import ConfigError
 
     class Clashing(CellActor):
-        def stop(self) -> None:  # type: ignore[override]
+        def stop(self) -> None:
             pass
 
         def get(self) -> int:
@@ -507,11 +510,12 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
         active = node._hosts["Slow:a"].active
         assert active is not None
         threading.Thread(target=node.call, args=("Slow", "a", "hold"), daemon=True).start()
-        eventually(lambda: active.cell.actor_inbox.qsize() == 0)  # hold() is running
+        inbox = cast(queue.Queue[Any], active.cell.actor_inbox)
+        eventually(lambda: inbox.qsize() == 0)  # hold() is running
         stopper = threading.Thread(target=node.passivate, args=("Slow:a",), daemon=True)
         stopper.start()
         # The stop message is queued behind the running hold() (and nothing else is).
-        eventually(lambda: active.cell.actor_inbox.qsize() == 1)
+        eventually(lambda: inbox.qsize() == 1)
         # The send that races the stop: accepted by the still-alive actor, never handled.
         invoke = Invoke("get", (), {}, pykka.ThreadingFuture())
         active.cell.tell(invoke)

@@ -161,6 +161,7 @@ class FakeNode:
         timeout: float = 30.0,
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
+        chain: tuple[str, ...] = (),
     ) -> Any:
         keys.make_cell_id(cls_name, name)  # InvalidCellId, like the runtime
         if cls_name not in self.classes:
@@ -240,6 +241,12 @@ class FakeNode:
     def forget_route(self, cls_name: str, name: str) -> None:
         with self.lock:
             self.forgotten.append((cls_name, name))
+
+    def fleet(self) -> dict[str, Any]:
+        raise NotImplementedError("the fake node has no fleet (tests/test_fleet_endpoint.py)")
+
+    def feed_reader(self, cell_id: str) -> Any:
+        raise NotImplementedError("the fake node has no change feed (tests/test_feed.py)")
 
 
 class Served:

@@ -9,6 +9,7 @@ second row."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import signal
@@ -220,7 +221,7 @@ def test_ledger_of_keyed_calls_under_kills_and_pauses_has_one_effect_per_call(
     urls = [n.public_url for n in fleet]
     numbers = itertools.count()
     lock = threading.Lock()
-    answered: dict[str, object] = {}  # entry -> result or the final error
+    answered: dict[str, tuple[str, object]] = {}  # entry -> (cell, result or final error)
     stop = threading.Event()
 
     def writer(seed: int) -> None:
@@ -257,7 +258,9 @@ def test_ledger_of_keyed_calls_under_kills_and_pauses_has_one_effect_per_call(
                 stop.wait(TTL * 1.5)
                 node.signal(signal.SIGCONT)
                 wait_for(
-                    f"{node.node_id} to exit after its pause", lambda n=node: fenced_or_up(n), 20
+                    f"{node.node_id} to exit after its pause",
+                    functools.partial(fenced_or_up, node),
+                    20,
                 )
                 if not node.running:
                     node.start()
