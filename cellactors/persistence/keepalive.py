@@ -193,5 +193,10 @@ class ConnectionPool:
         return Connection(sock)
 
     def close(self) -> None:
-        while self._idle:
-            self._idle.pop().close()
+        """Close every idle connection (other threads may be taking and giving meanwhile)."""
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return
+            conn.close()
