@@ -245,6 +245,7 @@ OK_HEAD = b'HTTP/1.1 200 OK\r\nETag: "e"\r\n'
         (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n4\r\nxxxx\r\n0\r\n\r\n", "encoding"),
         (OK_HEAD + b"Content-Length: 4\r\nContent-Length: 5\r\n\r\nxxxx", "conflicting"),
         (OK_HEAD + b"Content-Length: 2\r\n\r\nxxxx", "beyond the declared body"),
+        (OK_HEAD + "Content-Length: \u00b2\r\n\r\nxx".encode("latin-1"), "no declared length"),
         (b"HTTP/1.1 100 Continue\r\n\r\n" + OK_HEAD + b"Content-Length: 0\r\n\r\n", "final"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nxxxx", "without an ETag"),
         (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "GET answered 404"),

@@ -92,7 +92,7 @@ class Connection:
         if "transfer-encoding" in headers:
             raise WireError(f"transfer encoding {headers['transfer-encoding']!r}")
         length = headers.get("content-length", "")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # "²" is a digit to str.isdigit
             raise WireError(f"no declared length (Content-Length {length or None})")
         body = self._read_body(int(length))
         if self.buffer:
