@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import botocore.credentials
+import botocore.exceptions
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -260,6 +261,22 @@ def test_an_answer_that_is_not_clean_is_never_taken(answer: bytes, reason: str) 
     try:
         with pytest.raises(Undecided, match=reason):
             _direct_to(store.url).get("bench", "k/whole")
+    finally:
+        store.close()
+
+
+def test_credentials_that_fail_to_refresh_leave_the_request_to_boto3() -> None:
+    # boto3 then raises its own classified error (StoreCredentialsError through failure()).
+    class Expired:
+        def get_frozen_credentials(self) -> Any:
+            raise botocore.exceptions.CredentialRetrievalError(provider="test", error_msg="gone")
+
+    store = RawServer(OK_HEAD + b"Content-Length: 0\r\n\r\n")
+    try:
+        direct = DirectS3(store.url, "us-east-1", Expired(), timeout=2.0)
+        with pytest.raises(Undecided, match="could not be signed"):
+            direct.get("bench", "k/obj")
+        assert store.requests == []  # nothing was sent
     finally:
         store.close()
 

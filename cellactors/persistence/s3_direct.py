@@ -198,7 +198,8 @@ class DirectS3:
                 f"{name}: {value}\r\n" for name, value in headers.items()
             )
             request = (head + "\r\n").encode("ascii") + body
-        except ValueError as err:  # credentials or a header the request cannot carry
+        except Exception as err:  # credentials that failed to refresh, a non-ASCII header:
+            # boto3 sends it instead and raises its own, classified error
             raise Undecided(f"{method} could not be signed: {err}") from err
         for attempt in (1, 2):
             refuse_if_fenced()  # raises Fenced: the gate is closed, nothing is sent
