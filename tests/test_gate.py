@@ -3,6 +3,7 @@ retry the S3 client makes inside a call that started before the fence."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -73,8 +74,9 @@ class FailingBatches(CuttableBucket):
 
 
 def test_a_fenced_node_sends_nothing_more_and_its_held_call_is_unknown(
-    sw_bucket: S3Bucket,
+    sw_bucket: S3Bucket, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="cellactors.actors.node")
     store = FailingBatches(sw_bucket)
     node = make_node(store, "n1")
     try:
@@ -99,6 +101,13 @@ def test_a_fenced_node_sends_nothing_more_and_its_held_call_is_unknown(
         refused = node.gate.refused
         eventually(lambda: node.gate.refused > refused, timeout=10)  # it tried, and was refused
         assert sum(node.bucket.snapshot().values()) == sent
+        # A refused request is not retried until the operation deadline (15 s): the
+        # replicator gives up at once and the cell is reset.
+        resets = eventually(
+            lambda: [r.message for r in caplog.records if "reset" in r.message] or False,
+            timeout=3,
+        )
+        assert isinstance(resets, list) and "fenced itself" in resets[0]
         with pytest.raises(NodeUnavailable):
             cell.get("x")
     finally:

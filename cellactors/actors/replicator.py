@@ -27,6 +27,7 @@ from cellactors.errors import BucketError, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.gate import Fenced
 from cellactors.persistence.ownership import OwnerRecord, OwnershipStore
 
 log = logging.getLogger(__name__)
@@ -200,11 +201,15 @@ class Replicator(PooledActor):
             ) from None
 
     def _retry(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
-        """Run ``op`` (retrying store errors) until it succeeds or the deadline passes."""
+        """Run ``op`` (retrying store errors) until it succeeds or the deadline passes. A
+        request the fence gate refused ends it at once: the node fenced itself, so nothing
+        will be sent again and the write stays unproven."""
         delay = 0.05
         while True:
             try:
                 return self._once(op, deadline, what)
+            except Fenced as err:
+                raise NotDurable(f"{what} could not be proven: {err}") from err
             except BucketError as err:
                 if time.monotonic() + delay >= deadline:
                     raise NotDurable(
