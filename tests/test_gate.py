@@ -94,18 +94,18 @@ def test_a_fenced_node_sends_nothing_more_and_its_held_call_is_unknown(
         caller = threading.Thread(target=call)
         caller.start()
         eventually(lambda: store.attempts >= 2, timeout=10)  # the replicator is retrying
+        refused = node.gate.refused
         node.fence("test: lease lost")
         caller.join(10)
         assert outcome and outcome[0].outcome == "unknown"
         sent = sum(node.bucket.snapshot().values())
-        refused = node.gate.refused
         eventually(lambda: node.gate.refused > refused, timeout=10)  # it tried, and was refused
         assert sum(node.bucket.snapshot().values()) == sent
         # A refused request is not retried until the operation deadline (15 s): the
         # replicator gives up at once and the cell is reset.
         resets = eventually(
             lambda: [r.message for r in caplog.records if "reset" in r.message] or False,
-            timeout=3,
+            timeout=5,
         )
         assert isinstance(resets, list) and "fenced itself" in resets[0]
         with pytest.raises(NodeUnavailable):
