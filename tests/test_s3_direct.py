@@ -160,19 +160,21 @@ def test_the_direct_path_is_off_where_boto3_would_use_a_proxy(
 
 def test_a_direct_request_that_hangs_is_abandoned_at_the_timeout(proxy: FaultProxy) -> None:
     # The store never answers the direct attempt: after the read timeout boto3 sends the
-    # request again (a GET, and a PUT of the same bytes, may be sent twice).
+    # request again (a GET, a listing page, and a PUT of the same bytes, may be sent twice).
     name = make_s3_bucket(proxy.endpoint).bucket
     bucket = S3Bucket(name, endpoint=proxy.endpoint, timeout=1.0)
     bucket.put("k/slow", b"v1")
-    for method, call in (
-        ("GET", lambda: bucket.get("k/slow")),
-        ("PUT", lambda: bucket.put("k/slow", b"v1")),
+    for kind, method, call in (
+        (None, "GET", lambda: bucket.get("k/slow")),
+        (None, "PUT", lambda: bucket.put("k/slow", b"v1")),
+        ("list", "GET", lambda: [info.key for info in bucket.list("k/")] == ["k/slow"]),
     ):
-        rule = proxy.hang(method=method, key="^k/slow$", times=1)
+        key = "^k/$" if kind == "list" else "^k/slow$"
+        rule = proxy.hang(method=method, key=key, kind=kind, times=1)
         with BotoSends(bucket._plain) as sends:
             assert call()
         assert rule.applied == 1 and sends.count == 1
-        tried = proxy.requests(method=method, key="^k/slow$")[-2:]
+        tried = proxy.requests(method=method, key=key)[-2:]
         assert [(r.action, r.status) for r in tried] == [("hang", None), ("forward", 200)]
         rule.release()
     got = bucket.get("k/slow")

@@ -7,6 +7,7 @@ PUT that had already committed would come back as a false 412.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import threading
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from cellactors.persistence.bucket import (
     strip_prefix,
 )
 from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.s3_direct import DirectS3, Listed, ListPage, Undecided
+from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -307,12 +308,7 @@ class S3Bucket(Bucket):
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         for page in self._pages(prefix, self._key(prefix)):
             for item in page.objects:
-                yield ObjectInfo(
-                    key=strip_prefix(self.prefix, item.key),
-                    token=item.etag,
-                    size=item.size,
-                    last_modified_ms=item.last_modified_ms,
-                )
+                yield dataclasses.replace(item, key=strip_prefix(self.prefix, item.key))
 
     def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
         full = self._key(prefix)
@@ -383,9 +379,9 @@ class S3Bucket(Bucket):
             raise BucketError(f"LIST {prefix}: a truncated page without a continuation token")
         return ListPage(
             objects=[
-                Listed(
+                ObjectInfo(
                     key=item["Key"],
-                    etag=str(item.get("ETag", "")),
+                    token=str(item.get("ETag", "")),
                     size=int(item.get("Size", 0)),
                     last_modified_ms=int(item["LastModified"].timestamp() * 1000),
                 )

@@ -36,9 +36,9 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellactors.persistence.bucket import StoredObject
+from cellactors.persistence.bucket import ObjectInfo, StoredObject
 from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.keepalive import ConnectionPool, StaleConnection, WireError
+from cellactors.persistence.keepalive import ConnectionPool, Response, StaleConnection, WireError
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
 _NO_SUCH_KEY = re.compile(rb"<Code>\s*NoSuchKey\s*</Code>")
@@ -49,30 +49,11 @@ class Undecided(Exception):
     """The direct request did not clearly succeed (nor clearly miss): send it through boto3."""
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A whole HTTP answer: its status, the headers the callers read, and its body."""
-
-    status: int
-    etag: str | None
-    body: bytes
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One listed object, its key as the store names it (with the bucket prefix)."""
-
-    key: str
-    etag: str
-    size: int
-    last_modified_ms: int
-
-
 @dataclass
 class ListPage:
     """One page of a ListObjectsV2 answer; ``next_token`` is None on the last page."""
 
-    objects: list[Listed] = field(default_factory=list)
+    objects: list[ObjectInfo] = field(default_factory=list)  # keys as the store names them
     folders: list[str] = field(default_factory=list)
     next_token: str | None = None
 
@@ -133,10 +114,11 @@ class DirectS3:
     def get(self, bucket: str, key: str) -> StoredObject | None:
         """The object, or None when the store says there is no such key."""
         answer = self._send("GET", self._path(bucket, key))
+        etag = answer.headers.get("etag")
         if answer.status == 200:
-            if answer.etag is None:
+            if etag is None:
                 raise Undecided("GET answered without an ETag")
-            return StoredObject(body=answer.body, token=answer.etag)
+            return StoredObject(body=answer.body, token=etag)
         if answer.status == 404 and _NO_SUCH_KEY.search(answer.body):
             return None
         raise Undecided(f"GET answered {answer.status}")
@@ -144,8 +126,9 @@ class DirectS3:
     def put(self, bucket: str, key: str, body: bytes) -> str:
         """Store ``body`` under ``key``; the ETag."""
         answer = self._send("PUT", self._path(bucket, key), body=body)
-        if answer.status == 200 and answer.etag is not None:
-            return answer.etag
+        etag = answer.headers.get("etag")
+        if answer.status == 200 and etag is not None:
+            return etag
         raise Undecided(f"PUT answered {answer.status}")
 
     def list_page(
@@ -184,7 +167,7 @@ class DirectS3:
 
     def _send(
         self, method: str, path: str, params: dict[str, str] | None = None, body: bytes = b""
-    ) -> Answer:
+    ) -> Response:
         """Send one request on a pooled connection and read its whole answer. A pooled
         connection the store closed while it was idle fails before any answer arrives:
         then the idle ones are dropped and the request is sent once more on a new one."""
@@ -214,7 +197,7 @@ class DirectS3:
             except WireError as err:
                 raise Undecided(f"{method} failed: {err}") from err
             self.pool.give(conn)
-            return Answer(answer.status, answer.headers.get("etag"), answer.body)
+            return answer
         raise AssertionError("unreachable")
 
     def _signed(self, method: str, path: str, query: str, body: bytes) -> dict[str, str]:
@@ -303,9 +286,9 @@ def parse_list_page(body: bytes) -> ListPage:
     page = ListPage()
     for item in root.iterfind(ns + "Contents"):
         page.objects.append(
-            Listed(
+            ObjectInfo(
                 key=name(text(item, "Key")),
-                etag=text(item, "ETag") or "",
+                token=text(item, "ETag") or "",
                 size=int(text(item, "Size") or 0),
                 last_modified_ms=_timestamp_ms(text(item, "LastModified")),
             )
