@@ -291,6 +291,6 @@ def test_the_feed_fetches_batches_in_parallel_and_stops_at_its_limit() -> None:
         bucket.gets = 0
         limited = FeedReader(bucket, "Counter:a").read(0, limit=3)
         assert [c.txid for c in limited.changes] == [1, 2, 3]
-        assert bucket.gets <= 16  # at most one window of reads, not the whole chain
+        assert bucket.gets <= 16  # no more reads than the limit, not the whole chain
     finally:
         node.stop()

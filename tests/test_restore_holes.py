@@ -5,7 +5,11 @@ fails the activation instead of sealing below acknowledged writes."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import re
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,10 +17,10 @@ import pytest
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.errors import BucketError
 from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket, ObjectInfo
+from cellactors.persistence.bucket import Bucket, ObjectInfo, StoredObject
 from cellactors.persistence.celldb import CellDatabase, dump
 from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.restore import RestoreHole, read_seal, restore
+from cellactors.persistence.restore import RestoreHole, fetch_bodies, read_seal, restore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
 from tests.conftest import make_s3_bucket
@@ -177,3 +181,35 @@ def test_a_store_error_on_the_tail_batch_fails_instead_of_sealing_below_it(
         assert result.last_txid == 4 and dump(db.db) == state
         assert read_seal(bucket, CELL, 1) == 4
         db.close()
+
+
+class SlowFailingGets:
+    """GETs that take 5 ms each; the first key's fails like a store error. Counts them."""
+
+    def __init__(self) -> None:
+        self.gets = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> StoredObject | None:
+        with self._lock:
+            self.gets += 1
+        time.sleep(0.005)  # the store's latency, not a synchronisation
+        if key == "k0":
+            raise BucketError("GET k0 failed: HTTP 500 (test)")
+        return StoredObject(body=b"x", token='"e"')
+
+
+def test_reads_queued_for_a_restore_that_failed_are_cancelled_not_sent() -> None:
+    # A store error on the first batch fails the restore; the 63 reads queued behind it
+    # must not still be sent (on a shared pool they would delay every other restore).
+    store = SlowFailingGets()
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    keys_in_order = [f"k{i}" for i in range(200)]
+    with (
+        pytest.raises(BucketError, match="k0"),
+        contextlib.closing(fetch_bodies(store, keys_in_order, window=64, pool=pool)) as bodies,  # type: ignore[arg-type]
+    ):
+        for _body in bodies:
+            pass
+    pool.shutdown(wait=True)
+    assert store.gets <= 4 + 1  # the reads already under way, at most

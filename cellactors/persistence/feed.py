@@ -13,6 +13,8 @@ owner's epoch, of that epoch's folder only) and one ``own.json`` read per round,
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +27,12 @@ from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, decode_batch
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import collected_error, fetch_bodies, read_seal
+from cellactors.persistence.restore import (
+    FETCH_WORKERS,
+    collected_error,
+    fetch_bodies,
+    read_seal,
+)
 
 __all__ = [
     "Change",
@@ -40,6 +47,9 @@ __all__ = [
 
 MAX_LISTINGS = 4
 DEFAULT_POLL_INTERVAL = 0.25
+# Feed reads (driven by HTTP readers) fetch on a pool of their own: a reader catching up
+# on a long history never queues ahead of an activation's restore.
+_fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="feed")
 
 
 class FeedHole(CellactorsError):
@@ -169,19 +179,20 @@ class FeedReader:
         if limit is not None:
             # Each planned batch extends the chain by one transaction at least.
             planned_reads = planned_reads[:limit]
-        bodies = fetch_bodies(self.bucket, [ref.key for _step, ref in planned_reads])
-        for (step, ref), (_key, body) in zip(planned_reads, bodies, strict=True):
-            if limit is not None and count >= limit:
-                return found
-            if body is None:
-                raise _Relist(f"{ref.key} was listed and then vanished")
-            try:
-                batch = decode_batch(ref.key, body)
-            except BucketError:
-                unusable.add(ref.key)
-                return None
-            found.setdefault(step.epoch, []).append(batch)
-            count += sum(1 for t in batch.txns if step.after < t.txid <= step.upto)
+        keys_in_order = [ref.key for _step, ref in planned_reads]
+        with contextlib.closing(fetch_bodies(self.bucket, keys_in_order, pool=_fetches)) as bodies:
+            for (step, ref), body in zip(planned_reads, bodies, strict=True):
+                if limit is not None and count >= limit:
+                    return found
+                if body is None:
+                    raise _Relist(f"{ref.key} was listed and then vanished")
+                try:
+                    batch = decode_batch(ref.key, body)
+                except BucketError:
+                    unusable.add(ref.key)
+                    return None
+                found.setdefault(step.epoch, []).append(batch)
+                count += sum(1 for t in batch.txns if step.after < t.txid <= step.upto)
         return found
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,24 +122,30 @@ _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_pref
 
 
 def fetch_bodies(
-    bucket: Bucket, keys_in_order: Sequence[str], window: int = FETCH_WINDOW
-) -> Iterator[tuple[str, bytes | None]]:
-    """GET ``keys_in_order`` on the fetch pool, at most ``window`` queued ahead of the reader
-    (:data:`FETCH_WORKERS` of them sent at once), and yield each
-    (key, body), or (key, None) for an object that is gone, in order. A store error is
-    raised as it is, where its key comes: it says nothing about the object. A reader that
-    stops early leaves at most ``window`` reads unused."""
-    pending: collections.deque[tuple[str, concurrent.futures.Future[StoredObject | None]]]
+    bucket: Bucket,
+    keys_in_order: Sequence[str],
+    window: int = FETCH_WINDOW,
+    pool: concurrent.futures.Executor = _fetches,
+) -> Generator[bytes | None, None, None]:
+    """GET ``keys_in_order`` on ``pool``, at most ``window`` queued ahead of the reader, and
+    yield each body, or None for an object that is gone, in order. A store error is raised
+    as it is, where its key comes: it says nothing about the object. Reads queued for a
+    reader that stops early (or fails) are cancelled when the generator closes, so close it
+    (``contextlib.closing``): only those already under way still run."""
+    pending: collections.deque[concurrent.futures.Future[StoredObject | None]]
     pending = collections.deque()
     upcoming = iter(keys_in_order)
-    for key in itertools.islice(upcoming, window):
-        pending.append((key, _fetches.submit(bucket.get, key)))
-    while pending:
-        key, future = pending.popleft()
-        obj = future.result()
-        for more in itertools.islice(upcoming, 1):  # keep the window full
-            pending.append((more, _fetches.submit(bucket.get, more)))
-        yield key, (obj.body if obj is not None else None)
+    try:
+        for key in itertools.islice(upcoming, window):
+            pending.append(pool.submit(bucket.get, key))
+        while pending:
+            obj = pending.popleft().result()
+            for more in itertools.islice(upcoming, 1):  # keep the window full
+                pending.append(pool.submit(bucket.get, more))
+            yield obj.body if obj is not None else None
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 def _get(bucket: Bucket, key: str) -> bytes:
@@ -193,20 +200,20 @@ def _plan_and_fetch(
                 unusable.add(snap.key)
                 continue
         batches: list[Batch] = []
-        bodies = fetch_bodies(bucket, [ref.key for ref in planned.reads])
-        for ref, (_key, fetched) in zip(planned.reads, bodies, strict=True):
-            # A store error propagates: only an object read back and found malformed (a torn
-            # upload) may be planned without.
-            if fetched is None:
-                raise _Relist(f"{ref.key} was listed and then vanished")
-            try:
-                batches.append(decode_batch(ref.key, fetched))
-            except BucketError as err:
-                log.warning("restore of %s: planning without %s: %s", cell_id, ref.key, err)
-                unusable.add(ref.key)
-                break
-        else:
-            return planned, image, batches
+        with contextlib.closing(fetch_bodies(bucket, [ref.key for ref in planned.reads])) as bodies:
+            for ref, fetched in zip(planned.reads, bodies, strict=True):
+                # A store error propagates: only an object read back and found malformed (a
+                # torn upload) may be planned without.
+                if fetched is None:
+                    raise _Relist(f"{ref.key} was listed and then vanished")
+                try:
+                    batches.append(decode_batch(ref.key, fetched))
+                except BucketError as err:
+                    log.warning("restore of %s: planning without %s: %s", cell_id, ref.key, err)
+                    unusable.add(ref.key)
+                    break
+            else:
+                return planned, image, batches
 
 
 def restore(
