@@ -201,13 +201,19 @@ class AlarmDriver:
             with self._cond:
                 scan_now, self._scan_now = self._scan_now, False
                 now_ms = calls.now_ms()
-                # One scan takes every departed entry due by then: however many cells this
-                # node released, their alarms cost at most one LIST per DEPARTED_SCAN_GAP_S.
-                if now - last_scan >= DEPARTED_SCAN_GAP_S:
+                departed_due = bool(self._departed) and self._departed[0] <= now_ms
+                # However many cells this node released, their alarms cost at most one LIST
+                # per DEPARTED_SCAN_GAP_S; and any scan covers every departed entry due by
+                # then, whatever started it.
+                scan = (
+                    now >= next_scan
+                    or scan_now
+                    or (departed_due and now - last_scan >= DEPARTED_SCAN_GAP_S)
+                )
+                if scan:
                     while self._departed and self._departed[0] <= now_ms:
                         heapq.heappop(self._departed)
-                        scan_now = True
-            if now >= next_scan or scan_now:
+            if scan:
                 next_scan = now + self.interval
                 last_scan = now
                 self._scan()
