@@ -171,6 +171,8 @@ class Replicator(PooledActor):
             # Both requests in one pool task: no hand-off back to this actor between them
             # (the re-read still starts only after the PUT's answer).
             record = self._once(put_then_reread, deadline, "batch upload")
+        except Fenced as err:
+            raise NotDurable(f"batch upload could not be proven: {err}") from err
         except BucketError:  # then one request at a time, backing off between attempts
             if not put_done.is_set():
                 self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
