@@ -4,7 +4,6 @@ on threads borrowed from a shared pool."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from typing import Any
 
@@ -13,8 +12,9 @@ import pytest
 
 from cellactors.actors.messages import ask_method
 from cellactors.actors.pooled import PooledActor
+from cellactors.actors.threadpool import ElasticPool
 
-POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-pooled")
+POOL = ElasticPool(4, "test-pooled")
 
 
 class Recorder(PooledActor):
@@ -135,7 +135,7 @@ def test_a_blocked_actor_does_not_stall_the_others() -> None:
 def test_a_busy_actor_hands_its_thread_back_between_batches() -> None:
     # One pool thread, two actors: a long queue on the first does not hold the thread
     # until it is empty.
-    single = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    single = ElasticPool(1, "test-single")
 
     class Solo(Recorder):
         pool = single
@@ -153,7 +153,7 @@ def test_a_busy_actor_hands_its_thread_back_between_batches() -> None:
     finally:
         a.stop()
         b.stop()
-        single.shutdown(wait=False)
+        single.shutdown()
 
 
 def test_start_with_prepares_in_the_callers_thread_before_any_message() -> None:
@@ -183,3 +183,107 @@ def test_start_with_prepares_in_the_callers_thread_before_any_message() -> None:
     with pytest.raises(RuntimeError, match="not this one"):
         Recorder.start_with(fail)
     assert recorders() <= before  # never registered nor started
+
+
+class FailingStart(Recorder):
+    def on_start(self) -> None:
+        raise RuntimeError("cannot start")
+
+
+def test_an_actor_whose_on_start_fails_answers_every_message_dead() -> None:
+    ref = FailingStart.start()
+    early = ref.ask("queued before on_start ran", block=False)
+    with pytest.raises(pykka.ActorDeadError):
+        early.get(timeout=5)
+    assert not ref.is_alive()
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("later", timeout=5)
+
+
+class Failing(Recorder):
+    failures: list[BaseException | None] = []
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        Failing.failures.append(exception_value)
+
+
+def test_a_told_message_that_raises_stops_the_actor_after_on_failure() -> None:
+    ref = Failing.start()
+    hold = threading.Event()
+    ref.tell(hold)
+    ref.tell("boom")  # no one waits for its answer: pykka stops the actor
+    behind = ref.ask("queued behind the failure", block=False)
+    hold.set()
+    with pytest.raises(pykka.ActorDeadError):
+        behind.get(timeout=5)
+    assert len(Failing.failures) == 1 and isinstance(Failing.failures[0], ValueError)
+    assert not ref.is_alive()
+    assert inside(ref).seen == [hold]  # nothing ran after the failure
+
+
+def race_sends_with_a_stop() -> None:
+    """Three senders ask while the actor stops: every ask is answered, with the handler's
+    answer or ActorDeadError, and none waits for ever (a message queued after the last
+    drain must still be answered)."""
+    ref = Recorder.start()
+    futures: list[pykka.Future[Any]] = []
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def send() -> None:
+        go.wait(5)
+        for i in range(50):
+            try:
+                future = ref.ask(i, block=False)
+            except pykka.ActorDeadError:
+                return  # refused at the door: the caller knows at once
+            with lock:
+                futures.append(future)
+
+    senders = [threading.Thread(target=send) for _ in range(3)]
+    for sender in senders:
+        sender.start()
+    go.set()
+    ref.stop(block=False)
+    for sender in senders:
+        sender.join(10)
+    answered = dead = 0
+    for future in futures:
+        try:
+            future.get(timeout=5)
+            answered += 1
+        except pykka.ActorDeadError:
+            dead += 1
+    assert answered + dead == len(futures)
+    assert answered == len(inside(ref).seen)  # an answer means it was handled
+
+
+def test_messages_racing_a_stop_are_all_answered() -> None:
+    for _ in range(20):
+        race_sends_with_a_stop()
+
+
+def test_an_actor_cannot_start_on_a_shut_down_pool() -> None:
+    closed = ElasticPool(1, "test-closed")
+    closed.shutdown()
+
+    class Orphan(Recorder):
+        pool = closed
+
+    with pytest.raises(pykka.ActorDeadError, match="cannot start"):
+        Orphan.start()
+    assert pykka.ActorRegistry.get_by_class(Orphan) == []
+
+
+def test_messages_sent_after_the_pool_shut_down_are_answered_dead() -> None:
+    closing = ElasticPool(1, "test-closing")
+
+    class Late(Recorder):
+        pool = closing
+
+    ref = Late.start()
+    assert ref.ask("before", timeout=5) == 1
+    closing.shutdown()
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("after", timeout=5)
+    assert not ref.is_alive()

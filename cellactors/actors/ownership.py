@@ -8,7 +8,6 @@ conditional writes they ask for.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from cellactors.actors.messages import Flush, Kick, Open, ask_attribute, tell_at
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
+from cellactors.actors.threadpool import ElasticPool
 from cellactors.core import acquire as acq
 from cellactors.core.alarms import WakeState
 from cellactors.errors import (
@@ -77,11 +77,12 @@ class Active:
 
 
 #: The threads ownership actors borrow: each runs an activation, a release or a resume at a
-#: time (they wait on store requests, cells and replicators, never on each other). Threads
-#: start only as work needs them; the cap is high so that restores stuck on a hanging store
-#: (each bounded by the operation deadline) do not queue the releases and hibernations of
-#: other cells behind them.
-_pool = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="ownership")
+#: time (they wait on store requests, cells and replicators). Threads start only as work
+#: needs them; the cap is high so that restores stuck on a hanging store (each bounded by
+#: the operation deadline) do not queue the releases and hibernations of other cells behind
+#: them. Waits on a cell do not count against it (``pool.blocking()``): the cell may be
+#: calling a cell whose activation needs this pool.
+_pool = ElasticPool(256, "ownership")
 
 
 class OwnershipActor(PooledActor):
@@ -247,7 +248,8 @@ class OwnershipActor(PooledActor):
         cell = self.cls.start()
         tell_attribute(replicator, "cell_ref", cell)
         try:
-            wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))
+            with self.pool.blocking():  # on_activate may activate another cell
+                wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))
         except BaseException as err:
             cell.stop(block=False)
             replicator.stop(block=False)
@@ -296,7 +298,8 @@ class OwnershipActor(PooledActor):
         self.active = None
         channel = active.runtime.channel
         try:
-            active.cell.stop(block=True, timeout=timeout)
+            with self.pool.blocking():  # its running call may activate another cell
+                active.cell.stop(block=True, timeout=timeout)
         except pykka.Timeout:
             # A call is still running: never release under it. Fail what it holds, keep the
             # ownership (peers take over when the lease goes), and drop the file.

@@ -17,12 +17,14 @@ message still queued (or queued later by a racing sender) is answered with
 
 A handler that blocks holds its pool thread while it blocks. Pools therefore never wait on
 each other in a circle: ownership actors wait on replicators and cells, replicators wait
-on cells and the upload pool, and each has a pool of its own.
+on cells and the upload pool, and each has a pool of its own. Where a handler waits on
+something that may itself need a thread of its own pool (an ownership actor waiting for a
+cell whose ``on_activate`` activates another cell), it waits inside ``pool.blocking()``
+(see :mod:`cellactors.actors.threadpool`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import queue
 import sys
@@ -33,6 +35,8 @@ from typing import Any, ClassVar, TypeVar, cast
 import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
+
+from cellactors.actors.threadpool import ElasticPool
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class PooledActor(pykka.Actor):
     """A pykka actor run on a shared thread pool (see the module's docstring). Subclasses
     name their pool in :attr:`pool`."""
 
-    pool: ClassVar[concurrent.futures.ThreadPoolExecutor]
+    pool: ClassVar[ElasticPool]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._drain_lock = threading.Lock()
@@ -89,7 +93,12 @@ class PooledActor(pykka.Actor):
         return pykka.ThreadingFuture()
 
     def _start_actor_loop(self) -> None:
-        self.pool.submit(self._setup)
+        try:
+            self.pool.submit(self._setup)
+        except RuntimeError as err:  # the pool shut down: never registered as alive
+            ActorRegistry.unregister(self.actor_ref)
+            self.actor_stopped.set()
+            raise ActorDeadError(f"{self.actor_ref} cannot start: {err}") from err
 
     def _setup(self) -> None:
         self._actor_loop_setup()  # on_start
@@ -126,9 +135,12 @@ class PooledActor(pykka.Actor):
         """Queue a drain (its caller holds the draining flag)."""
         try:
             self.pool.submit(self._drain)
-        except RuntimeError:  # the pool shut down (interpreter exit): nothing will run
+        except RuntimeError:  # the pool shut down: nothing will run, so answer them dead
+            ActorRegistry.unregister(self.actor_ref)
+            self.actor_stopped.set()
             with self._drain_lock:
                 self._draining = False
+            self._answer_dead()
 
     def _answer_dead(self) -> None:
         """Answer every message still queued: the actor stopped and will not handle it (a

@@ -23,6 +23,7 @@ from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, TakeImage
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
+from cellactors.actors.threadpool import ElasticPool
 from cellactors.errors import BucketError, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
@@ -39,9 +40,7 @@ __all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
 _requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
 # The threads replicators borrow while they ship (each waits on the request pool above and on
 # its cell, never on another replicator).
-_replicators = concurrent.futures.ThreadPoolExecutor(
-    max_workers=128, thread_name_prefix="replicator"
-)
+_replicators = ElasticPool(128, "replicator")
 
 
 class EffectSink(Protocol):
