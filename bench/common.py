@@ -50,7 +50,9 @@ class Sizes:
     snapshot_writes: int = 600  # row 8: writes per activation
     idle_cells: int = 50  # row 9: resident idle cells on the idle node
     idle_window: float = 30.0  # row 9: shortest window (it runs beside the other rows)
-    failover_ttl: float = 3.0  # row 10: lease TTL of the fleet
+    failover_ttl: float = 3.0  # rows 10-11: lease TTL of the fleet
+    history: int = 870  # row 11: single-write batches of the cell before its owner dies
+    load_window: float = 10.0  # row 12: seconds of the 256-cell load per run
 
     @staticmethod
     def quick() -> Sizes:
@@ -64,6 +66,8 @@ class Sizes:
             activations=100,
             snapshot_writes=300,
             idle_window=15.0,
+            history=300,
+            load_window=3.0,
         )
 
     def scaled(self, factor: float) -> Sizes:
@@ -89,6 +93,8 @@ class Sizes:
             snapshot_writes=n(self.snapshot_writes, 6),
             idle_cells=n(self.idle_cells, 2),
             idle_window=max(3.0, self.idle_window * factor),
+            history=n(self.history, 10),
+            load_window=max(1.0, self.load_window * factor),
         )
 
     def as_dict(self) -> dict[str, Any]:

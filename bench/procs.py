@@ -99,6 +99,7 @@ class NodeProc(ServerProc):
         extra: tuple[str, ...] = (),
     ) -> None:
         port, self.internal_port = free_port(), free_port()
+        self.lease_ttl = lease_ttl
         args = [
             sys.executable,
             "-m",

@@ -1,4 +1,4 @@
-"""Rows 1-4: calls on warm cells, in process and over HTTP, against bare boto3 PUT+GET
+"""Rows 1-4 and 12: calls on warm cells, in process and over HTTP, against bare boto3 PUT+GET
 (writes) and a bare Starlette endpoint (reads).
 
 Every measurement also records the CPU each process used per operation (``cpu_ms_bench``:
@@ -9,6 +9,9 @@ that misses its goal says where its time went."""
 from __future__ import annotations
 
 import functools
+import itertools
+import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,9 @@ from bench.common import (
 from bench.procs import BareProc, NodeProc
 from cellactors import Node
 from cellactors.actors.host import CellProxy
+from cellactors.core import lease_rules
+from cellactors.errors import BucketError
+from cellactors.persistence.leases import LeaseStore
 from examples.counter import Counter
 
 PREFIX_INPROC = "calls-inproc"
@@ -396,3 +402,103 @@ def _sequential_reads(cell: CellProxy, n: int) -> Load:
         cell.get("x")
         lat.append(time.perf_counter() - t)
     return Load(n, time.perf_counter() - start, lat)
+
+
+# --------------------------------------------------------------------------- row 12
+
+
+class LeaseWatch:
+    """Reads a node's lease object every ``interval`` seconds in a thread and keeps every
+    expiry it saw. A renewal writes ``expires_ms = sent + TTL``, so the differences between
+    successive expiries are exactly the gaps between the node's renewal sends."""
+
+    def __init__(self, leases: LeaseStore, node_id: str, interval: float = 0.2) -> None:
+        self.leases = leases
+        self.node_id = node_id
+        self.interval = interval
+        self.expiries: list[int] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="lease-watch", daemon=True)
+
+    def __enter__(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                snap = self.leases.read_lease(self.node_id, once=True)
+            except BucketError:
+                self.errors += 1
+            else:
+                if snap is not None and snap.lease.expires_ms not in self.expiries[-1:]:
+                    self.expiries.append(snap.lease.expires_ms)
+            if self._stop.wait(self.interval):
+                return
+
+    def gaps_s(self) -> list[float]:
+        return [(b - a) / 1000 for a, b in itertools.pairwise(self.expiries)]
+
+
+def row12(calls: Calls) -> list[Row]:
+    """The widest write load of row 3 over HTTP, held longer, while the node's lease is
+    watched in the bucket: the node must not fence itself, and its renewals should keep
+    their TTL/3 cadence."""
+    sizes = calls.env.sizes
+    server = calls.server
+    ttl = server.lease_ttl
+    deadline_s = ttl - lease_rules.fence_margin(ttl)
+    conc = max(sizes.distinct)
+    paths = [http.call_path(f"d{i}", "increment") for i in range(conc)]
+    leases = LeaseStore(calls.env.bucket(PREFIX_HTTP), server.name)
+    runs: list[Figures] = []
+    for _ in range(sizes.runs):
+        with LeaseWatch(leases, server.name) as watch:
+            load, cpu = calls.measure(
+                functools.partial(
+                    http.concurrent, server.url, paths, {"name": "w"}, sizes.load_window
+                ),
+                server=server.pid,
+            )
+        fenced = server.proc is not None and server.proc.poll() is not None
+        if not fenced:
+            fenced = httpx.get(server.url + "/healthz", timeout=5).status_code != 200
+        gaps = watch.gaps_s() or [float("nan")]
+        runs.append(
+            {
+                "fenced": float(fenced),
+                "writes_per_s": load.rate,
+                "gap_max_s": max(gaps),
+                "gap_p50_s": statistics.median(gaps),
+                "renewals": float(len(gaps)),
+                "slack_s": deadline_s - max(gaps),
+                "deadline_s": deadline_s,
+                "errors": load.errors,
+            }
+            | cpu
+        )
+        if fenced:
+            break  # the node is gone: later runs would measure nothing
+    total = sum(r["fenced"] for r in runs)
+    for run in runs:
+        run["fences"] = total  # the row holds the total, not a median of 0s and 1s
+    return [
+        make_row(
+            "12-lease-under-load",
+            f"{conc} cells written for {sizes.load_window:g} s over HTTP: the node's lease",
+            runs,
+            metric="fences",
+            metric_fmt="{:.0f} self-fences",
+            goal=Goal("<=", 0, "no self-fence"),
+            figure=(
+                "{writes_per_s:.0f} writes/s; renewals every {gap_p50_s:.2f} s, longest gap "
+                "{gap_max_s:.2f} s (fence after {deadline_s:.0f} s)"
+            ),
+            note=f"TTL {ttl:g} s, {len(runs)} runs",
+        )
+    ]

@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.common import REPO, Env, Row, Sizes, store_environment
 
-GROUPS = tuple(range(1, 11))
+GROUPS = tuple(range(1, 13))
 
 
 def row_ids(sizes: Sizes) -> list[str]:
@@ -40,7 +40,8 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += [f"3-{mode}-{c}" for c in sizes.distinct for mode in ("inproc", "http")]
     ids += ["4-read-1conn", "4-read-16conn", "5-resident", "5-hibernated", "5-wake"]
     ids += ["6-activations"]
-    return [*ids, "7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
+    ids += ["7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
+    return [*ids, "11-failover-history", "12-lease-under-load"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -109,8 +110,8 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
         log(f"{name} took {time.monotonic() - t:.1f} s")
 
     server: NodeProc | None = None
-    if groups & {1, 2, 3, 4}:
-        # The HTTP node of rows 1-4 starts while the rest gets ready.
+    if groups & {1, 2, 3, 4, 12}:
+        # The HTTP node of rows 1-4 and 12 starts while the rest gets ready.
         server = NodeProc("http", env.workdir / "http", env.spec("calls-http"), env.endpoint)
         server.start()
     idle: rows_fleet.IdleProbe | None = None
@@ -125,6 +126,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
                     (2, rows_calls.row2),
                     (3, rows_calls.row3),
                     (4, rows_calls.row4),
+                    (12, rows_calls.row12),  # last: a node that fenced itself is gone
                 ):
                     if number in groups:
                         group(f"row {number}", functools.partial(fn, calls))
@@ -138,6 +140,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (7, rows_cells.row7),
             (8, rows_cells.row8),
             (10, rows_fleet.row10),
+            (11, rows_fleet.row11),
         ):
             if number in groups:
                 group(f"row {number}", functools.partial(env_fn, env))
