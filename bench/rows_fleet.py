@@ -102,18 +102,13 @@ class IdleProbe:
 def row10(env: Env) -> list[Row]:
     """SIGKILL the owner of a cell; time until another node acknowledges a write to it."""
     ttl = env.sizes.failover_ttl
-    runs = _failovers(env, "fleet", history=1)
-    return [
-        make_row(
-            "10-failover",
-            f"failover after SIGKILL of the owner (TTL {ttl:g} s)",
-            runs,
-            metric="failover_s",
-            metric_fmt="{:.2f} s",
-            goal=Goal("<=", ttl + 1, f"<= {ttl + 1:g} s"),
-            figure="{failover_s:.2f} s to the first ack on another node ({attempts:.0f} tries)",
-        )
-    ]
+    return _failover_row(
+        "10-failover",
+        f"failover after SIGKILL of the owner (TTL {ttl:g} s)",
+        _failovers(env, "fleet", history=1),
+        ttl,
+        "{failover_s:.2f} s to the first ack on another node ({attempts:.0f} tries)",
+    )
 
 
 def row11(env: Env) -> list[Row]:
@@ -121,19 +116,29 @@ def row11(env: Env) -> list[Row]:
     restores every batch of it before it can acknowledge."""
     ttl = env.sizes.failover_ttl
     history = env.sizes.history
-    runs = _failovers(env, "fleet-history", history=history)
+    return _failover_row(
+        "11-failover-history",
+        f"failover after SIGKILL, a cell with {history} unsnapshotted batches (TTL {ttl:g} s)",
+        _failovers(env, "fleet-history", history=history),
+        ttl,
+        "{failover_s:.2f} s to the first ack on another node, which read "
+        "{batches_read:.0f} batches ({attempts:.0f} tries)",
+    )
+
+
+def _failover_row(
+    row_id: str, title: str, runs: list[dict[str, float]], ttl: float, figure: str
+) -> list[Row]:
+    """A failover row: the time to the first acknowledgement, held to TTL + 1 s."""
     return [
         make_row(
-            "11-failover-history",
-            f"failover after SIGKILL, a cell with {history} unsnapshotted batches (TTL {ttl:g} s)",
+            row_id,
+            title,
             runs,
             metric="failover_s",
             metric_fmt="{:.2f} s",
             goal=Goal("<=", ttl + 1, f"<= {ttl + 1:g} s"),
-            figure=(
-                "{failover_s:.2f} s to the first ack on another node, which read "
-                "{batches_read:.0f} batches ({attempts:.0f} tries)"
-            ),
+            figure=figure,
         )
     ]
 
