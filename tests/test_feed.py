@@ -18,6 +18,7 @@ from cellactors import Client
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.cli import main
 from cellactors.core.changes import Change, HistoryCollected
+from cellactors.errors import CallError
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.feed import FeedReader, follow_changes, read_changes
@@ -197,6 +198,35 @@ def test_http_history_collected_is_410_with_where_to_start(sw_bucket: S3Bucket) 
         with Client(served.public) as c, pytest.raises(HistoryCollected) as info:
             list(c.changes("Counter", "a"))
         assert info.value.oldest_txid == 3
+
+
+def test_http_history_missing_is_500_and_not_retried(sw_bucket: S3Bucket) -> None:
+    import httpx
+
+    with served_node(sw_bucket, "na") as served:
+        with Client(served.public) as c:
+            for _ in range(3):
+                c.cell("Counter", "a").increment(name="x")  # txids 2..4 (1: on_activate)
+        batches = sorted(
+            i.key for i in sw_bucket.list(keys.cell_root(CELL) + "e1/") if i.key.endswith(".batch")
+        )
+        assert len(batches) == 4
+        sw_bucket.delete(batches[2])  # txid 3: lost, not collected (txid 1 is still there)
+        answer = httpx.get(served.public + "/cells/Counter/a/changes")
+        assert answer.status_code == 500
+        body = answer.json()
+        assert body["error"] == "history_missing"
+        assert body["outcome"] == "not_run" and body["retryable"] is False
+        sent: list[httpx.Request] = []
+        http = httpx.Client(event_hooks={"request": [sent.append]})
+        with (
+            Client(served.public, max_attempts=5, http=http) as c,
+            pytest.raises(CallError) as info,
+        ):
+            list(c.changes("Counter", "a"))
+        http.close()
+        assert info.value.code == "history_missing" and not info.value.retryable
+        assert len(sent) == 1  # raised at once: a feed_unavailable would be tried 5 times
 
 
 def test_cli_feed_prints_json_lines(sw_bucket: S3Bucket, seaweed: Any) -> None:

@@ -485,7 +485,7 @@ class _PublicCore(_Core):
                 reader.read, after, self.settings.feed_page, limiter=self.feed_limiter
             )
         except FeedHole as e:
-            raise FeedUnavailable(str(e)) from e
+            raise FeedHistoryMissing(str(e)) from e
         except BucketError as e:
             raise FeedUnavailable(f"could not read the bucket: {e}") from e
 
@@ -644,13 +644,24 @@ class _PublicCore(_Core):
 
 
 class FeedUnavailable(CallError):
-    """The feed could not be read from the bucket now (a store failure, or objects missing
-    that listing again did not bring back); nothing changed, a later request may succeed."""
+    """The feed could not be read from the bucket now (a store failure); nothing changed, a
+    later request may succeed."""
 
     status = 503
     code = "feed_unavailable"
     outcome = NOT_RUN
     retryable = True
+
+
+class FeedHistoryMissing(CallError):
+    """Objects the cell's history needs are missing from the bucket (deleted or lost, not
+    collected by retention), and listing again did not bring them back. Nothing changed,
+    and asking again will not help: the bucket needs an operator."""
+
+    status = 500
+    code = "history_missing"
+    outcome = NOT_RUN
+    retryable = False
 
 
 def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
