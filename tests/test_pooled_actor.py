@@ -4,7 +4,10 @@ on threads borrowed from a shared pool."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pykka
@@ -287,3 +290,77 @@ def test_messages_sent_after_the_pool_shut_down_are_answered_dead() -> None:
     with pytest.raises(pykka.ActorDeadError):
         ref.ask("after", timeout=5)
     assert not ref.is_alive()
+
+
+class Doom(BaseException):
+    """Not an Exception: pykka lets it through on_start."""
+
+
+class DoomedStart(Recorder):
+    def on_start(self) -> None:
+        raise Doom()
+
+
+def test_an_on_start_raising_a_base_exception_answers_every_message_dead() -> None:
+    ref = DoomedStart.start()
+    early = ref.ask("queued", block=False)
+    with pytest.raises(pykka.ActorDeadError):
+        early.get(timeout=5)
+    assert not ref.is_alive()
+
+
+def test_a_start_that_fails_undoes_what_prepare_did() -> None:
+    closed = ElasticPool(1, "test-undo")
+    closed.shutdown()
+    undone: list[str] = []
+
+    class Prepared(Recorder):
+        pool = closed
+
+        def on_start_failed(self) -> None:
+            undone.append(self.seen[0])
+
+    def prepare(actor: Prepared) -> None:
+        actor.seen.append("opened")
+
+    with pytest.raises(pykka.ActorDeadError):
+        Prepared.start_with(prepare)
+    assert undone == ["opened"]
+
+
+STOP_ALL_SCRIPT = """
+import time
+import pykka
+from cellactors.actors.pooled import PooledActor
+from cellactors.actors.threadpool import ElasticPool
+
+class Doom(BaseException):
+    pass
+
+class Solo(PooledActor):
+    pool = ElasticPool(1, "solo")
+    def on_receive(self, message):
+        if message == "doom":
+            raise Doom()
+        return message
+
+a, b = Solo.start(), Solo.start()
+assert b.ask("hi", timeout=5) == "hi"
+a.tell("doom")  # pykka stops every actor; b's stop needs the pool's only thread
+deadline = time.monotonic() + 5
+while b.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("deadlocked" if b.is_alive() else "stopped")
+"""
+
+
+def test_a_base_exception_in_a_handler_stops_every_actor_without_deadlocking_the_pool() -> None:
+    # In a process of its own: pykka's answer to it is ActorRegistry.stop_all().
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_ALL_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,  # this checkout's cellactors
+    )
+    assert out.stdout.strip() == "stopped", out.stdout + out.stderr

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cellactors.actors.threadpool import ElasticPool
+from cellactors.actors.threadpool import ElasticPool, PoolClosed
 
 
 def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -133,7 +133,7 @@ def test_shutdown_refuses_new_work_but_runs_what_was_queued() -> None:
     pool.submit(lambda: hold.wait(5))
     pool.submit(ran.set)
     pool.shutdown()
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(PoolClosed, match="shut down"):
         pool.submit(ran.set)
     hold.set()
     assert ran.wait(5)
@@ -143,3 +143,78 @@ def test_shutdown_refuses_new_work_but_runs_what_was_queued() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError):
         ElasticPool(0, "t-none")
+
+
+def test_a_thread_that_cannot_start_leaves_the_task_to_the_live_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = ElasticPool(2, "t-nostart", idle_s=0.2)
+    hold = threading.Event()
+    ran = threading.Event()
+    pool.submit(functools.partial(hold.wait, 5))
+    until(lambda: pool.threads() == 1)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    pool.submit(ran.set)  # no thread can start, but the busy worker comes back for it
+    assert not ran.is_set()
+    hold.set()
+    assert ran.wait(5)
+    until(lambda: pool.threads() == 0)  # idled out: now nothing could ever run a task
+    with pytest.raises(RuntimeError, match="cannot start a thread") as info:
+        pool.submit(ran.set)
+    assert not isinstance(info.value, PoolClosed)
+
+
+def test_nested_blocking_counts_a_worker_once() -> None:
+    pool = ElasticPool(1, "t-nested")
+    running = 0
+    most = 0
+    lock = threading.Lock()
+    done = threading.Semaphore(0)
+    release = threading.Event()
+
+    def child() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)  # long enough for a second child to overlap if the cap let it
+        with lock:
+            running -= 1
+        done.release()
+
+    def parent() -> None:
+        with pool.blocking(), pool.blocking():
+            pool.submit(child)
+            pool.submit(child)
+            for _ in range(2):
+                assert done.acquire(timeout=5)
+        release.set()
+
+    pool.submit(parent)
+    assert release.wait(10)
+    assert most == 1  # one thread stood in for the blocked parent, not two
+    pool.shutdown()
+
+
+def test_max_threads_bounds_blocked_workers_too() -> None:
+    pool = ElasticPool(1, "t-max", max_threads=2)
+    go = threading.Event()
+    order: list[str] = []
+
+    def waiter(name: str) -> None:
+        with pool.blocking():
+            got = go.wait(0.5)
+        order.append(f"{name}:{got}")
+
+    pool.submit(functools.partial(waiter, "a"))
+    pool.submit(functools.partial(waiter, "b"))
+    pool.submit(go.set)  # no third thread may start for it while a and b wait
+    until(lambda: len(order) == 2)
+    assert order[0].endswith(":False")  # the first to finish waited out its timeout
+    assert pool.threads() <= 2
+    until(go.is_set)
+    pool.shutdown()

@@ -339,6 +339,14 @@ class OwnershipActor(PooledActor):
             return None
         return LocalCopy(active.epoch, channel.acked, database.path, identity, chain)
 
+    def on_start_failed(self) -> None:
+        """A resumed cell whose ownership actor could not start: stop what ``resume``
+        started and drop its file (the next activation restores from the bucket)."""
+        active = self.active
+        if active is not None:
+            self.abandon(ActivationFailed(f"the ownership actor of {self.cell_id} could not start"))
+            active.runtime.database.discard()
+
     def abandon(self, error: BaseException) -> None:
         """Stop without releasing (fence or reset): fail held calls, drop the local copy."""
         active = self.active

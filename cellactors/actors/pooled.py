@@ -82,8 +82,15 @@ class PooledActor(pykka.Actor):
         actor = cls(*args, **kwargs)
         prepared = prepare(actor)
         ActorRegistry.register(actor.actor_ref)
-        actor._start_actor_loop()
+        try:
+            actor._start_actor_loop()
+        except BaseException:
+            actor.on_start_failed()
+            raise
         return actor.actor_ref, prepared
+
+    def on_start_failed(self) -> None:
+        """Undo what ``start_with``'s ``prepare`` did, when the actor could not start."""
 
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
         return _Inbox(self)
@@ -95,14 +102,19 @@ class PooledActor(pykka.Actor):
     def _start_actor_loop(self) -> None:
         try:
             self.pool.submit(self._setup)
-        except RuntimeError as err:  # the pool shut down: never registered as alive
+        except RuntimeError as err:  # shut down, or no thread can run it: never alive
             ActorRegistry.unregister(self.actor_ref)
             self.actor_stopped.set()
             raise ActorDeadError(f"{self.actor_ref} cannot start: {err}") from err
 
     def _setup(self) -> None:
-        self._actor_loop_setup()  # on_start
-        self._drain()
+        try:
+            self._actor_loop_setup()  # on_start; pykka stops the actor if it raises
+        except BaseException:  # not an Exception: pykka lets it through, the actor is dead
+            self._handle_failure(*sys.exc_info())
+            raise
+        finally:
+            self._drain()  # a dead actor's drain answers what is queued
 
     def _schedule(self) -> None:
         """A message arrived: start a drain unless one is running or queued."""
@@ -135,7 +147,7 @@ class PooledActor(pykka.Actor):
         """Queue a drain (its caller holds the draining flag)."""
         try:
             self.pool.submit(self._drain)
-        except RuntimeError:  # the pool shut down: nothing will run, so answer them dead
+        except RuntimeError:  # shut down, or no thread at all: nothing will run them
             ActorRegistry.unregister(self.actor_ref)
             self.actor_stopped.set()
             with self._drain_lock:
@@ -182,4 +194,5 @@ class PooledActor(pykka.Actor):
         except BaseException:
             log.debug("%r in %s: stopping all actors", sys.exc_info()[1], self)
             self._stop()
-            ActorRegistry.stop_all()
+            with self.pool.blocking():  # other actors of this pool need threads to stop
+                ActorRegistry.stop_all()
