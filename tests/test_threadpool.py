@@ -7,10 +7,12 @@ import functools
 import logging
 import threading
 import time
+import types
 from collections.abc import Callable
 
 import pytest
 
+from cellactors.actors import threadpool
 from cellactors.actors.threadpool import ElasticPool, PoolClosed
 
 
@@ -154,10 +156,12 @@ def test_a_thread_that_cannot_start_leaves_the_task_to_the_live_workers(
     pool.submit(functools.partial(hold.wait, 5))
     until(lambda: pool.threads() == 1)
 
-    def refuse(self: threading.Thread) -> None:
-        raise RuntimeError("can't start new thread")
+    class Refused(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Thread, "start", refuse)
+    # Only the pool's own thread starts fail (the rest of the process is left alone).
+    monkeypatch.setattr(threadpool, "threading", types.SimpleNamespace(Thread=Refused))
     pool.submit(ran.set)  # no thread can start, but the busy worker comes back for it
     assert not ran.is_set()
     hold.set()
