@@ -51,6 +51,8 @@ class _Inbox(queue.Queue):  # type: ignore[type-arg]
 
     def __init__(self, actor: PooledActor) -> None:
         super().__init__()
+        # A strong reference on purpose: an idle pooled actor runs on no thread, so its refs
+        # (through this inbox) are what keep it alive; the node drops them when it stops.
         self.actor = actor
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
