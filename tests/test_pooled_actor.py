@@ -364,3 +364,20 @@ def test_a_base_exception_in_a_handler_stops_every_actor_without_deadlocking_the
         cwd=Path(__file__).resolve().parent.parent,  # this checkout's cellactors
     )
     assert out.stdout.strip() == "stopped", out.stdout + out.stderr
+
+
+def test_an_actor_without_on_start_starts_without_a_pool_thread() -> None:
+    fresh = ElasticPool(2, "test-inline")
+
+    class Plain(PooledActor):
+        pool = fresh
+
+        def on_receive(self, message: Any) -> Any:
+            return (message, threading.current_thread().name)
+
+    ref = Plain.start()
+    assert fresh.threads() == 0  # nothing ran for the start: no on_start to run
+    answer, thread = ref.ask("x", timeout=5)
+    assert answer == "x" and str(thread).startswith("test-inline")  # run on the pool
+    ref.stop()
+    fresh.shutdown()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
-from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr
+from pykka.messages import ProxyCall, ProxyGetAttr
 
 from cellactors.persistence.calls import Retention
 
@@ -101,9 +101,3 @@ def ask_method(
 def ask_attribute(ref: pykka.ActorRef[Any], name: str) -> pykka.Future[Any]:
     """Read attribute ``name`` of the actor behind ``ref`` in its thread (no proxy)."""
     return ref.ask(ProxyGetAttr(attr_path=(name,)), block=False)
-
-
-def tell_attribute(ref: pykka.ActorRef[Any], name: str, value: Any) -> None:
-    """Set attribute ``name`` of the actor behind ``ref`` in its thread, after the messages
-    already in its mailbox (no proxy)."""
-    ref.tell(ProxySetAttr(attr_path=(name,), value=value))

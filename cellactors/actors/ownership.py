@@ -18,7 +18,7 @@ import pykka
 
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
-from cellactors.actors.messages import Flush, Kick, Open, ask_attribute, tell_attribute
+from cellactors.actors.messages import Flush, Kick, Open, ask_attribute
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
@@ -231,22 +231,27 @@ class OwnershipActor(PooledActor):
         worker = SnapshotWorker(
             self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s
         )
-        replicator = Replicator.start(
-            self.cell_id,
-            epoch,
-            self.bucket,
-            self.ownership,
-            channel,
-            self.report_failure,
-            self.deadline_s,
-            self.snapshots,
-            chain,
-            worker,
-            self.sink(epoch) if self.sink is not None else None,
-        )
-        channel.on_commit = lambda: replicator.tell(Kick())
         cell = self.cls.start()
-        tell_attribute(replicator, "cell_ref", cell)
+        try:
+            replicator, _ = Replicator.start_with(
+                lambda actor: setattr(actor, "cell_ref", cell),  # before any message
+                self.cell_id,
+                epoch,
+                self.bucket,
+                self.ownership,
+                channel,
+                self.report_failure,
+                self.deadline_s,
+                self.snapshots,
+                chain,
+                worker,
+                self.sink(epoch) if self.sink is not None else None,
+            )
+        except BaseException:
+            cell.stop(block=False)
+            database.discard()
+            raise
+        channel.on_commit = lambda: replicator.tell(Kick())
         try:
             with self.pool.blocking():  # on_activate may activate another cell
                 wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))

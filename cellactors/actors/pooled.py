@@ -102,6 +102,14 @@ class PooledActor(pykka.Actor):
         return pykka.ThreadingFuture()
 
     def _start_actor_loop(self) -> None:
+        if type(self).on_start is pykka.Actor.on_start:
+            # Nothing to run before the first message: ready now, without a pool thread (a
+            # message that arrived meanwhile found the drain flag set, so schedule it here).
+            with self._drain_lock:
+                self._draining = False
+            if not self._mailbox.empty():
+                self._schedule()
+            return
         try:
             self.pool.submit(self._setup)
         except RuntimeError as err:  # shut down, or no thread can run it: never alive
