@@ -7,8 +7,9 @@ node with thousands of resident cells would hold thousands of sleeping threads (
 same pykka actor (refs, ``tell``/``ask``, ``stop``, ``on_start``/``on_stop``, pykka's call
 messages) whose messages are handled on a thread of its class's pool while it has any.
 
-Lifecycle: :meth:`start` queues ``on_start`` on the pool; messages that arrive meanwhile
-wait in the inbox. Whenever the inbox is non-empty one *drain* task is scheduled: it handles
+Lifecycle: :meth:`start` queues ``on_start`` on the pool, and messages that arrive meanwhile
+wait in the inbox (an actor that does not override ``on_start`` is ready at once, with no
+task queued). Whenever the inbox is non-empty one *drain* task is scheduled: it handles
 messages one at a time, in order, and never two at once for one actor (the actor model's
 guarantee), and hands its thread back when the inbox is empty or after a few messages (so
 a busy actor cannot hold a thread forever while others wait). After the actor stops, any
