@@ -8,6 +8,7 @@ conditional writes they ask for.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ class OwnershipActor(PooledActor):
             self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s
         )
         cell = self.cls.start()
+        replicator: pykka.ActorRef[Any] | None = None
         try:
             replicator, _ = Replicator.start_with(
                 lambda actor: setattr(actor, "cell_ref", cell),  # before any message
@@ -247,17 +249,13 @@ class OwnershipActor(PooledActor):
                 worker,
                 self.sink(epoch) if self.sink is not None else None,
             )
-        except BaseException:
-            cell.stop(block=False)
-            database.discard()
-            raise
-        channel.on_commit = lambda: replicator.tell(Kick())
-        try:
+            channel.on_commit = functools.partial(replicator.tell, Kick())
             with self.pool.blocking():  # on_activate may activate another cell
                 wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))
         except BaseException as err:
             cell.stop(block=False)
-            replicator.stop(block=False)
+            if replicator is not None:
+                replicator.stop(block=False)
             database.discard()
             if isinstance(err, CellactorsError):
                 raise ActivationFailed(f"activation of {self.cell_id} failed: {err}") from err
@@ -343,14 +341,6 @@ class OwnershipActor(PooledActor):
             database.discard()
             return None
         return LocalCopy(active.epoch, channel.acked, database.path, identity, chain)
-
-    def on_start_failed(self) -> None:
-        """A resumed cell whose ownership actor could not start: stop what ``resume``
-        started and drop its file (the next activation restores from the bucket)."""
-        active = self.active
-        if active is not None:
-            self.abandon(ActivationFailed(f"the ownership actor of {self.cell_id} could not start"))
-            active.runtime.database.discard()
 
     def abandon(self, error: BaseException) -> None:
         """Stop without releasing (fence or reset): fail held calls, drop the local copy."""

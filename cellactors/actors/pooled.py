@@ -114,8 +114,7 @@ class PooledActor(pykka.Actor):
         try:
             self.pool.submit(self._setup)
         except RuntimeError as err:  # shut down, or no thread can run it: never alive
-            ActorRegistry.unregister(self.actor_ref)
-            self.actor_stopped.set()
+            self._mark_dead()
             raise ActorDeadError(f"{self.actor_ref} cannot start: {err}") from err
 
     def _setup(self) -> None:
@@ -159,11 +158,16 @@ class PooledActor(pykka.Actor):
         try:
             self.pool.submit(self._drain)
         except RuntimeError:  # shut down, or no thread at all: nothing will run them
-            ActorRegistry.unregister(self.actor_ref)
-            self.actor_stopped.set()
+            self._mark_dead()
             with self._drain_lock:
                 self._draining = False
             self._answer_dead()
+
+    def _mark_dead(self) -> None:
+        """The pool will never run this actor: unregistered and stopped (no ``on_stop``, which
+        would need a pool thread too)."""
+        ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()
 
     def _answer_dead(self) -> None:
         """Answer every message still queued: the actor stopped and will not handle it (a
