@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from cellactors.cli.failures import EXIT_ADDRESS_IN_USE
 from cellactors.persistence.embedded import free_port
 from cellactors.persistence.s3 import S3Bucket
 
@@ -122,6 +123,7 @@ class NodeProc:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     starts: int = 0
+    served: bool = False  # it has answered /healthz once: its ports are known to peers
 
     @property
     def public_url(self) -> str:
@@ -170,24 +172,27 @@ class NodeProc:
         return self
 
     def ready(self, timeout: float = 30.0) -> NodeProc:
-        """Wait until the public /healthz answers 200 (fail early if the process exits)."""
+        """Wait until the public /healthz answers 200 (fail early if the process exits).
 
-        def healthy() -> bool:
+        A free port is only free when it is picked: another process of the test run may bind
+        it before this one does. A node that has never served and exits because a listen
+        address is taken is started again on fresh ports (a restart keeps its ports)."""
+        deadline = time.monotonic() + timeout
+        moves = 0
+        while True:
             assert self.proc is not None
             code = self.proc.poll()
+            if code == EXIT_ADDRESS_IN_USE and not self.served and moves < 3:
+                moves += 1
+                self.public_port, self.internal_port = free_port(), free_port()
+                self.start()
+                continue
             if code is not None:
                 raise RuntimeError(f"{self.node_id} exited with {code}:\n{self.output()[-3000:]}")
-            return httpx.get(self.public_url + "/healthz", timeout=1).status_code == 200
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if healthy():
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.public_url + "/healthz", timeout=1).status_code == 200:
+                    self.served = True
                     return self
-            except RuntimeError:
-                raise
-            except httpx.HTTPError:
-                pass
             if time.monotonic() >= deadline:
                 raise AssertionError(f"{self.node_id} not ready in {timeout:g}s:\n{self.output()}")
             time.sleep(0.05)

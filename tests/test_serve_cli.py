@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -169,6 +170,25 @@ def test_embedded_default_store(tmp_path: Path, nodes: list[NodeProc]) -> None:
     assert httpx.post(url, json={"name": "x"}).json() == {"result": 3}
     node.signal(signal.SIGTERM)
     assert node.wait(30) == 0
+
+
+def test_a_node_whose_port_was_taken_before_it_started_moves_to_free_ports(
+    tmp_path: Path, seaweed: SeaweedServer, nodes: list[NodeProc]
+) -> None:
+    # What a parallel test run does: another process binds the port picked for this node.
+    bucket = make_s3_bucket(seaweed.endpoint)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        node = NodeProc("moved", COUNTER_APP, tmp_path, f"s3://{bucket.bucket}", seaweed.endpoint)
+        node.public_port = taken
+        nodes.append(node)
+        node.start().ready()
+        assert node.public_port != taken and node.starts == 2
+        assert "cannot listen" in (tmp_path / "moved.1.log").read_text()
+        resp = httpx.post(node.public_url + "/cells/Counter/a/increment", json={"name": "x"})
+        assert resp.json() == {"result": 1}
 
 
 def test_serve_refuses_store_that_fails_probe(tmp_path: Path) -> None:
