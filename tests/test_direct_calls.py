@@ -163,7 +163,7 @@ def test_a_call_the_stopped_cell_never_took_goes_the_blocking_path(node: Node) -
 
 def test_no_answer_by_the_deadline_is_not_durable_and_counted(node: Node) -> None:
     sub = _submitted(node, deadline=0.0)
-    sub.invoke.started.set()
+    sub.invoke.started = True
     before = _calls(node, "get", "unknown")
     with pytest.raises(NotDurable, match="within the call timeout"):
         node.still_pending(sub)

@@ -376,7 +376,7 @@ class CellActor(pykka.ThreadingActor):
     def _fire(self, msg: FireAlarm) -> None:
         """Run ``on_alarm`` if the alarm is due; on failure, record the retry (or drop the
         alarm after the last one) in a transaction of its own."""
-        msg.started.set()
+        msg.started = True
         rt = self._require_runtime()
         outcome = Outcome(msg.reply, "not_due")
         row = rt.database.tables.alarm()
@@ -451,7 +451,7 @@ class CellActor(pykka.ThreadingActor):
         return runtime.database.tables.state()
 
     def _invoke(self, msg: Invoke) -> None:
-        msg.started.set()
+        msg.started = True
         fn = getattr(self, msg.method)
         self._chain = (*msg.chain, self.cell_id)
         digest = ""

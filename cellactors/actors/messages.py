@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,8 @@ class Invoke:
     kwargs: dict[str, Any]
     reply: pykka.Future[Any]
     #: Set by the cell when it takes the call: a stopped actor that never set it never ran it.
-    started: threading.Event = field(default_factory=threading.Event)
+    #: (A plain flag: one thread sets it, others only read it.)
+    started: bool = False
     #: The idempotency key: recorded with the call's writes; a recorded key answers from
     #: the record without running.
     key: str | None = None
@@ -41,7 +41,7 @@ class FireAlarm:
     ``"fired"``, ``"retry"`` or ``"abandoned"`` once that outcome is durable."""
 
     reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
-    started: threading.Event = field(default_factory=threading.Event)
+    started: bool = False
 
 
 @dataclass

@@ -104,6 +104,10 @@ class NodeMetrics:
     def __init__(self, bucket: MeteredBucket, sample: Callable[[], NodeSample]) -> None:
         self.bucket = bucket
         self.registry = CollectorRegistry()
+        # Labelled children of the per-call metrics, looked up once per label set: every
+        # call counts itself, and ``labels()`` takes a lock and builds its key each time.
+        self._call_counts: dict[tuple[str, str, str], Counter] = {}
+        self._call_durations: dict[str, Histogram] = {}
         r = self.registry
         self.calls = Counter(
             "cellactors_calls",
@@ -172,7 +176,18 @@ class NodeMetrics:
 
     def call_done(self, cls_name: str, method: str, outcome: str) -> None:
         """Count one call by its outcome (``ok`` or an error's outcome class)."""
-        self.calls.labels(cls_name, method, outcome).inc()
+        key = (cls_name, method, outcome)
+        child = self._call_counts.get(key)
+        if child is None:
+            child = self._call_counts[key] = self.calls.labels(*key)
+        child.inc()
+
+    def call_answered(self, cls_name: str, seconds: float) -> None:
+        """Observe the duration of one call answered ok."""
+        child = self._call_durations.get(cls_name)
+        if child is None:
+            child = self._call_durations[cls_name] = self.call_duration.labels(cls_name)
+        child.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this node's registry."""

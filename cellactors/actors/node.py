@@ -150,6 +150,7 @@ class Node:
         on_fence: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings or NodeSettings()
+        self._retention = self.settings.retention()  # every call carries it
         self.node_id = keys.validate_node_id(node_id)
         self.generation = secrets.token_hex(8)
         self.bucket = MeteredBucket(bucket)  # counts the requests really sent
@@ -309,7 +310,7 @@ class Node:
             self.metrics.call_done(cls_label, method_label, UNKNOWN)
             raise
         self.metrics.call_done(cls_label, method_label, OK)
-        self.metrics.call_duration.labels(cls_label).observe(time.monotonic() - started)
+        self.metrics.call_answered(cls_label, time.monotonic() - started)
         return result
 
     def submit_here(
@@ -347,7 +348,7 @@ class Node:
             reply,
             key=key,
             result_check=result_check,
-            retention=self.settings.retention(),
+            retention=self._retention,
         )
         try:
             active.cell.tell(invoke)
@@ -361,7 +362,7 @@ class Node:
         """A submitted call without its answer yet: False if the cell stopped without taking
         it (it ran nowhere: send it again through :meth:`call`); raises ``NotDurable``
         (counted) once the call's deadline has passed, as :meth:`call` would."""
-        if not sub.invoke.started.is_set() and not sub.active.cell.is_alive():
+        if not sub.invoke.started and not sub.active.cell.is_alive():
             return False
         if time.monotonic() >= sub.deadline:
 
@@ -438,7 +439,7 @@ class Node:
             )
         if len(chain) >= alarm_rules.MAX_CHAIN:
             raise BadRequest(f"call chain longer than {alarm_rules.MAX_CHAIN} cells")
-        retention = self.settings.retention()
+        retention = self._retention
         budget = self.settings.call_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         for _ in range(3):
@@ -533,7 +534,7 @@ class Node:
             try:
                 return True, invoke.reply.get(timeout=max(0.01, min(0.25, remaining)))
             except pykka.Timeout:
-                if not invoke.started.is_set() and not active.cell.is_alive():
+                if not invoke.started and not active.cell.is_alive():
                     return False, None
                 if remaining <= 0:
                     raise _no_answer(active) from None

@@ -258,13 +258,10 @@ class _Core:
                 result_check=check,
             )
             while sub is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(reply.done), PENDING_CHECK_S)
-                except asyncio.TimeoutError:
-                    if not self.node.still_pending(sub):
-                        break
-                    continue
-                return self.node.answer(sub)
+                if await reply.wait(PENDING_CHECK_S):
+                    return self.node.answer(sub)
+                if not self.node.still_pending(sub):
+                    break
         return await self.run(blocking)
 
     def error(self, err: CallError, encoding: codec.Encoding, *, close: bool = False) -> Response:

@@ -26,13 +26,31 @@ def _resolve(done: asyncio.Future[None]) -> None:
 
 
 class LoopReply(pykka.ThreadingFuture[Any]):
-    """A :class:`pykka.ThreadingFuture` whose ``done`` (an asyncio future of ``loop``)
-    completes when the value or the exception is set. Create it on the loop's thread."""
+    """A :class:`pykka.ThreadingFuture` that an asyncio task of ``loop`` can wait for
+    (:meth:`wait`). Create it, and wait for it, on the loop's thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.loop = loop
+        #: True once the value or the exception is set (before ``done`` is resolved).
+        self.answered = False
         self.done: asyncio.Future[None] = loop.create_future()
+
+    async def wait(self, interval: float) -> bool:
+        """Wait until the reply is set (True) or ``interval`` seconds pass (False)."""
+        if self.answered:
+            return True
+        timer = self.loop.call_later(interval, _resolve, self.done)
+        try:
+            await self.done
+        finally:
+            timer.cancel()
+        if self.answered:
+            return True
+        # Timed out: a fresh ``done`` for the next wait. A setter that saw the old one had
+        # already set ``answered``, which is read after the swap.
+        self.done = self.loop.create_future()
+        return self.answered
 
     def _wake(self) -> None:
         # A loop closed meanwhile has nobody left waiting on ``done``.
@@ -41,10 +59,12 @@ class LoopReply(pykka.ThreadingFuture[Any]):
 
     def set(self, value: Any | None = None) -> None:
         super().set(value)
+        self.answered = True
         self._wake()
 
     def set_exception(self, exc_info: OptExcInfo | None = None) -> None:
         super().set_exception(exc_info)
+        self.answered = True
         self._wake()
 
 
