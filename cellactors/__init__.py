@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CellActor", "Client", "Node", "NodeSettings", "__version__"]
+__all__ = ["CellActor", "Client", "Node", "NodeSettings", "__version__", "read_only"]
 
 if TYPE_CHECKING:
-    from cellactors.actors.cell import CellActor
+    from cellactors.actors.cell import CellActor, read_only
     from cellactors.actors.node import Node, NodeSettings
     from cellactors.client import Client
 
 _LAZY = {
     "CellActor": "cellactors.actors.cell",
+    "read_only": "cellactors.actors.cell",
     "Node": "cellactors.actors.node",
     "NodeSettings": "cellactors.actors.node",
     "Client": "cellactors.client",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cellactors import CellActor
+from cellactors import CellActor, read_only
 
 
 class Account(CellActor):
@@ -76,6 +76,7 @@ class Account(CellActor):
         )
         return self._balance()
 
+    @read_only
     def statement(self) -> dict[str, Any]:
         """The balance, the transfer ids sent and received, and the amount still in flight
         (sent, its credit not yet delivered)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cellactors import CellActor
+from cellactors import CellActor, read_only
 
 
 class Room(CellActor):
@@ -40,6 +40,7 @@ class Room(CellActor):
         self.db.execute("DELETE FROM members WHERE name = ?", [member])
         return self.members()
 
+    @read_only
     def members(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM members ORDER BY name")]
 
@@ -61,6 +62,7 @@ class Room(CellActor):
             self.set_alarm(now + self.keep_seconds)
         return seq
 
+    @read_only
     def history(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT seq, member, text FROM lines ORDER BY seq DESC LIMIT ?", [limit]
@@ -90,6 +92,7 @@ class Member(CellActor):
             [room, seq, sender, text],
         )
 
+    @read_only
     def inbox(self) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT room, seq, sender, text FROM inbox ORDER BY room, seq")
         return [{"room": r, "seq": s, "sender": f, "text": t} for r, s, f, t in rows]

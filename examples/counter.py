@@ -8,7 +8,7 @@ of named counters; every increment is durable in the bucket before it is answere
 
 from __future__ import annotations
 
-from cellactors import CellActor
+from cellactors import CellActor, read_only
 
 
 class Counter(CellActor):
@@ -28,6 +28,7 @@ class Counter(CellActor):
         )
         return self.get(name)
 
+    @read_only
     def get(self, name: str) -> int:
         """The value of counter ``name`` (0 when it was never incremented)."""
         row = self.db.execute("SELECT n FROM counts WHERE name = ?", [name]).fetchone()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from cellactors import CellActor
@@ -48,9 +49,13 @@ class Slow(CellActor):
     """A cell whose call can be held open, to race stops against sends."""
 
     gate: Any = None  # a threading.Event set by the test
+    entered = 0  # calls of hold() that started, over all Slow cells (reset by the test)
+    _count_lock = threading.Lock()
 
     def hold(self) -> int:
         assert Slow.gate is not None
+        with Slow._count_lock:  # the cells of several threads count here
+            Slow.entered += 1
         Slow.gate.wait(10)
         return 1
 

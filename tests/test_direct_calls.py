@@ -6,6 +6,7 @@ call needs it (an activation, a stop that raced the send)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +20,9 @@ from cellactors.actors.node import Submitted
 from cellactors.errors import NotDurable
 from cellactors.persistence import calls
 from cellactors.persistence.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import make_node
+from cellactors.server.app import ServerSettings
+from tests.cells import Counter, Slow
+from tests.runtime_helpers import eventually, make_node
 from tests.served_nodes import ServedNode, served_node
 
 
@@ -109,6 +111,34 @@ def test_a_forwarded_call_to_an_active_cell_skips_the_worker_thread_too(
         assert through.status_code == 200 and through.json()["result"] == 2
         assert through.headers["x-cellactors-node"] == "n1"
         assert (spy.submitted, spy.blocking) == (1, 0)
+
+
+def test_calls_to_active_cells_stay_within_max_concurrent_calls(sw_bucket: S3Bucket) -> None:
+    """The direct path takes a slot of the call limiter like the blocking path does: with 2
+    slots, a third call to a third active cell waits until one of the first two is done."""
+    Slow.gate, Slow.entered = threading.Event(), 0
+    with served_node(sw_bucket, "n1", ServerSettings(max_concurrent_calls=2)) as s:
+        s.node.register(Slow)
+        for name in "abc":  # activate all three (the blocking path)
+            assert httpx.post(f"{s.public}/cells/Slow/{name}/get", json={}).status_code == 200
+        answers: dict[str, int] = {}
+
+        def hold(name: str) -> None:
+            r = httpx.post(f"{s.public}/cells/Slow/{name}/hold", json={}, timeout=20)
+            answers[name] = r.status_code
+
+        threads = [threading.Thread(target=hold, args=(n,), daemon=True) for n in "abc"]
+        try:
+            for t in threads:
+                t.start()
+            eventually(lambda: Slow.entered == 2)
+            threads[0].join(0.3)  # give a third call every chance to start
+            assert Slow.entered == 2
+        finally:
+            Slow.gate.set()
+        for t in threads:
+            t.join(20)
+        assert answers == {"a": 200, "b": 200, "c": 200} and Slow.entered == 3
 
 
 @pytest.fixture

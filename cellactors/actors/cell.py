@@ -24,14 +24,17 @@ refused instead of deadlocking.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import msgpack
 import pykka
@@ -141,6 +144,9 @@ class CellRuntime:
     services: CellServices | None = None
     #: The ``last_used`` of the idle period whose memory was last trimmed (node's reaper).
     trimmed_for: float | None = None
+    #: Runs a call to a read-only method in the calling thread when the cell is idle
+    #: (set by the cell when it opens; see :func:`read_only`). False: send it instead.
+    run_inline: Callable[[Invoke], bool] | None = None
 
 
 def class_name(cls: type[CellActor] | str) -> str:
@@ -173,6 +179,36 @@ class CellRef:
             return self._caller._call_out(self._cls, self._name, method, kwargs, self._key)
 
         return call
+
+
+_READ_ONLY = "__cellactors_read_only__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def read_only(method: F) -> F:
+    """Mark a cell method read-only: it may read the cell's database, and nothing else.
+
+    A call to it that writes a row or changes the schema is rolled back and fails
+    (``MethodFailed``, outcome ``failed``); it may not call other cells, set alarms or send
+    messages either. In exchange, when the cell is idle (no call running, none queued) the
+    call runs right in the calling thread instead of crossing into the cell's own thread and
+    back: on a serving node, that is the event loop, so keep such methods short (a query,
+    not a scan of the whole database). Its answer still waits for every write committed
+    before it to be durable. Called from another method of the cell it is an ordinary
+    method."""
+    setattr(method, _READ_ONLY, True)
+    return method
+
+
+def is_read_only(fn: Any) -> bool:
+    """Whether ``fn`` (a function or bound method) was marked with :func:`read_only`."""
+    return getattr(fn, _READ_ONLY, False) is True
+
+
+@functools.cache
+def _read_only_methods(cls: type) -> frozenset[str]:
+    return frozenset(name for name in _exposed(cls) if is_read_only(getattr(cls, name)))
 
 
 @functools.cache
@@ -210,6 +246,15 @@ class CellActor(pykka.ThreadingActor):
     _runtime: CellRuntime | None = None
     _chain: tuple[str, ...] = ()
     _in_txn: bool = False
+    _read_only_txn: bool = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Held while a message is handled, by the cell's thread or by a caller running a
+        #: read-only call inline: the cell's code and database are used by one at a time.
+        self._exec = threading.Lock()
+        #: Set (under ``_exec``) when the actor stops: nothing runs inline after it.
+        self._closed = False
 
     def on_activate(self) -> None:
         """Runs once per activation, inside a transaction, before any call."""
@@ -263,6 +308,11 @@ class CellActor(pykka.ThreadingActor):
         return _exposed(cls)
 
     @classmethod
+    def read_only_methods(cls) -> frozenset[str]:
+        """The exposed methods marked with :func:`read_only`."""
+        return _read_only_methods(cls)
+
+    @classmethod
     def check_definition(cls) -> None:
         """Refuse a subclass that overrides what the runtime relies on (pykka's lifecycle,
         ``start``/``stop``, the runtime's own hooks) or that exposes no method at all."""
@@ -294,6 +344,39 @@ class CellActor(pykka.ThreadingActor):
     # --- runtime side -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
+        with self._exec:
+            return self._dispatch(message)
+
+    def on_stop(self) -> None:
+        # Waits for a read-only call running inline; none starts after this.
+        with self._exec:
+            self._closed = True
+
+    def on_failure(self, *_exc_info: Any) -> None:
+        with self._exec:
+            self._closed = True
+
+    def _run_inline(self, msg: Invoke) -> bool:
+        """Run ``msg`` (a call to a read-only method) in the calling thread if the cell is
+        idle: open, no message being handled and none queued. False: it did not run, send
+        it to the mailbox. The answer is held like any other (``msg.reply``)."""
+        if not self._exec.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self._runtime is None or not self.actor_inbox.empty():
+                return False
+            try:
+                self._invoke(msg)
+            except Exception as err:  # a runtime bug; the read-only transaction rolled back
+                log.exception("read-only call %s.%s failed inline", self.cell_id, msg.method)
+                failure = MethodFailed(type(err).__name__, str(err))
+                with contextlib.suppress(queue.Full):  # unless it was answered already
+                    msg.reply.set_exception((type(failure), failure, None))
+            return True
+        finally:
+            self._exec.release()
+
+    def _dispatch(self, message: Any) -> Any:
         if isinstance(message, Invoke):
             self._invoke(message)
             return None
@@ -327,12 +410,16 @@ class CellActor(pykka.ThreadingActor):
         of one)."""
         if not self._in_txn:
             raise RuntimeError("alarms and messages can only be used inside a cell's method")
+        if self._read_only_txn:
+            raise RuntimeError("a read-only method cannot set alarms or send messages")
         return self._require_runtime().database
 
     def _call_out(
         self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], key: str | None
     ) -> Any:
         rt = self._require_runtime()
+        if self._read_only_txn:
+            raise RuntimeError("a read-only method cannot call other cells")
         if rt.services is None:
             raise RuntimeError("this cell runs without a node: it cannot call other cells")
         return rt.services.call_cell(cls_name, name, method, kwargs, key=key, chain=self._chain)
@@ -348,15 +435,19 @@ class CellActor(pykka.ThreadingActor):
         fn: Callable[[], Any],
         check: Callable[[Any], None] | None = None,
         on_write: Callable[[Any], None] | None = None,
+        read_only: bool = False,
     ) -> tuple[Any, TxnChanges]:
-        """One transaction of this cell (alarm and outbox usable inside it)."""
+        """One transaction of this cell (alarm and outbox usable inside it, unless
+        ``read_only``: then it may not write at all)."""
         rt = self._require_runtime()
         rt.database.tables.touched = False
         self._in_txn = True
+        self._read_only_txn = read_only
         try:
-            return rt.database.run(fn, check, on_write)
+            return rt.database.run(fn, check, on_write, read_only=read_only)
         finally:
             self._in_txn = False
+            self._read_only_txn = False
 
     def _commit(self, changes: TxnChanges, outcome: Outcome) -> None:
         """Hand a committed transaction to the replicator, with its new wake state when it
@@ -448,6 +539,7 @@ class CellActor(pykka.ThreadingActor):
         self._chain = (self.cell_id,)
         self._transact(self.on_activate, (), {}, reply)
         reply.get()  # on_activate failures fail the activation
+        runtime.run_inline = self._run_inline
         return runtime.database.tables.state()
 
     def _invoke(self, msg: Invoke) -> None:
@@ -531,7 +623,10 @@ class CellActor(pykka.ThreadingActor):
 
         try:
             _, changes = self._run(
-                lambda: fn(*args, **kwargs), check, on_write if call is not None else None
+                lambda: fn(*args, **kwargs),
+                check,
+                on_write if call is not None else None,
+                read_only=call is not None and is_read_only(fn),
             )
         except BadResult as err:
             outcome.error, outcome.value = err, None

@@ -120,6 +120,16 @@ class Dormant:
     last_used: float
 
 
+def _deliver(cls: type[CellActor], active: Active, invoke: Invoke) -> None:
+    """Hand a call to its cell: run right here when the method is read-only and the cell is
+    idle (:func:`~cellactors.actors.cell.read_only`), else into its mailbox (which raises
+    ``ActorDeadError`` when the cell has stopped)."""
+    run_inline = active.runtime.run_inline
+    if run_inline is not None and invoke.method in cls.read_only_methods() and run_inline(invoke):
+        return
+    active.cell.tell(invoke)
+
+
 def _no_answer(active: Active) -> NotDurable:
     """The error of a call whose deadline passed with its answer still held (it may have
     run)."""
@@ -334,7 +344,7 @@ class Node:
         if self.status != "serving" or self.deadline.passed():
             return None
         try:
-            _cls, cell_id, kwargs = self._checked(cls_name, name, method, (), kwargs, key)
+            cls, cell_id, kwargs = self._checked(cls_name, name, method, (), kwargs, key)
         except (CallError, InvalidCellId):
             return None
         host = self._hosts.get(cell_id)
@@ -351,7 +361,7 @@ class Node:
             retention=self._retention,
         )
         try:
-            active.cell.tell(invoke)
+            _deliver(cls, active, invoke)
         except pykka.ActorDeadError:
             return None
         started = time.monotonic()
@@ -455,7 +465,7 @@ class Node:
                 chain=chain,
             )
             try:
-                active.cell.tell(invoke)
+                _deliver(cls, active, invoke)
             except pykka.ActorDeadError:
                 continue  # passivated or reset between lookup and send: route again
             delivered, result = self._await(invoke, active, deadline)

@@ -53,6 +53,24 @@ _ON_TABLE = {
 }
 # Actions whose first argument names a new object: the runtime's prefix is reserved.
 _CREATES = {1, 2, 3, 4, 5, 6, 7, 8}
+# Everything that writes, refused outright to a read-only method: CREATE and DROP of any
+# object (1-17), INSERT, UPDATE and DELETE, ALTER TABLE, REINDEX, ANALYZE, virtual tables.
+_READ_ONLY_REFUSED = frozenset({*range(1, 19), 23, 26, 27, 28, 29, 30})
+_PRAGMA = 19
+# Pragmas that write the database file when given a value (``PRAGMA user_version = 7``);
+# with an argument, others read (``PRAGMA table_info(t)``).
+_WRITING_PRAGMAS = frozenset(
+    {
+        "application_id",
+        "auto_vacuum",
+        "incremental_vacuum",
+        "journal_mode",
+        "page_size",
+        "schema_version",
+        "user_version",
+        "writable_schema",
+    }
+)
 _RUNTIME_TABLES = frozenset(RUNTIME_SQL)
 
 
@@ -101,6 +119,7 @@ class CellDatabase:
         self.db._supports_on_conflict = True
         self._refusal: str | None = None
         self._runtime_writing = False
+        self._read_only = False  # set while a read-only method runs (the authorizer reads it)
         self.calls = CallLog(self.conn)
         self.tables = RuntimeTables(self.conn)
         self.trims = 0
@@ -137,6 +156,12 @@ class CellDatabase:
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_rest: object) -> int:
         if self._runtime_writing:
             return sqlite3.SQLITE_OK
+        if self._read_only and (
+            action in _READ_ONLY_REFUSED
+            or (action == _PRAGMA and arg2 is not None and (arg1 or "").lower() in _WRITING_PRAGMAS)
+        ):
+            self._refusal = "a read-only method may not write"
+            return sqlite3.SQLITE_DENY
         reason = _DENIED.get(action)
         if reason is None:
             reason = _runtime_refusal(action, arg1, arg2)
@@ -150,26 +175,36 @@ class CellDatabase:
         fn: Callable[[], T],
         check: Callable[[T], None] | None = None,
         on_write: Callable[[T], None] | None = None,
+        *,
+        read_only: bool = False,
     ) -> tuple[T, capture.TxnChanges]:
         """Run ``fn`` as one transaction; commit if it returns (and ``check`` accepts the
         result), roll back and re-raise if anything raises.
 
         ``on_write`` is the runtime's own work in the same transaction (recording the call's
         key, collecting old keys): it runs after ``check``, without the authorizer, and only
-        when ``fn`` changed something, so a read-only call stays read-only."""
+        when ``fn`` changed something, so a read-only call stays read-only.
+
+        ``read_only``: ``fn`` may change nothing. The authorizer refuses every statement
+        that would write, so the schema cannot move and the transaction needs no write lock;
+        a row changed anyway still fails the call (rolled back, :class:`Refused`)."""
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
             self._refusal = None
             before = conn.total_changes
+            self._read_only = read_only
             conn.set_authorizer(self._authorize)
             try:
                 result = fn()
             finally:
                 _clear_authorizer(conn)
+                self._read_only = False
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
-            seen = capture.schema_version(conn)
+            if read_only and conn.total_changes != before:
+                raise Refused("a read-only method may not write: its changes were rolled back")
+            seen = self.schema if read_only else capture.schema_version(conn)
             user_changed_schema = seen != self.schema
             if not user_changed_schema and conn.total_changes == before:
                 # Read-only: no row written (capture triggers and AUTOINCREMENT counters

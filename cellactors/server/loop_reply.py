@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from types import TracebackType
 from typing import Any
 
@@ -32,6 +33,7 @@ class LoopReply(pykka.ThreadingFuture[Any]):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.loop = loop
+        self._thread = threading.get_ident()
         #: True once the value or the exception is set (before ``done`` is resolved).
         self.answered = False
         self.done: asyncio.Future[None] = loop.create_future()
@@ -55,7 +57,12 @@ class LoopReply(pykka.ThreadingFuture[Any]):
     def _wake(self) -> None:
         # A loop closed meanwhile has nobody left waiting on ``done``.
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_resolve, self.done)
+            if threading.get_ident() == self._thread:
+                # Set on the loop's own thread (a read-only call run inline): no need to
+                # wake the loop through its self-pipe.
+                self.loop.call_soon(_resolve, self.done)
+            else:
+                self.loop.call_soon_threadsafe(_resolve, self.done)
 
     def set(self, value: Any | None = None) -> None:
         super().set(value)
