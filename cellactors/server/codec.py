@@ -142,14 +142,18 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# What ``json.dumps(value, default=..., separators=..., allow_nan=False)`` would build on
+# every call (it keeps no state between calls, so one serves every thread).
+_JSON = json.JSONEncoder(default=_json_default, separators=(",", ":"), allow_nan=False)
+
+
 def encode(value: Any, encoding: Encoding) -> bytes:
     """Serialize ``value``; raises ``TypeError``/``ValueError``/``OverflowError`` if it
     cannot be encoded (in JSON that includes NaN and infinite floats)."""
     if encoding == "msgpack":
         packed: bytes = msgpack.packb(value, use_bin_type=True)
         return packed
-    text = json.dumps(value, default=_json_default, separators=(",", ":"), allow_nan=False)
-    return text.encode("utf-8")
+    return _JSON.encode(value).encode("utf-8")
 
 
 def decode(body: bytes, encoding: Encoding) -> Any:
