@@ -14,7 +14,7 @@ import pytest
 import cellactors
 from cellactors import CellActor, Node, read_only
 from cellactors.actors.messages import Invoke
-from cellactors.errors import FAILED, NOT_RUN, CallError, MethodFailed
+from cellactors.errors import FAILED, NOT_RUN, CallError, MethodFailed, NotDurable
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
 from tests.runtime_helpers import eventually, make_node
@@ -69,8 +69,24 @@ class Reads(CellActor):
         self.db.execute("CREATE TABLE extra (x)")
 
     @read_only
-    def sneaky_pragma(self) -> None:
-        self.db.execute("PRAGMA user_version = 7")
+    def sneaky_pragma(self, name: str = "user_version", value: int = 7) -> None:
+        self.db.execute(f"PRAGMA {name} = {value}")
+
+    @read_only
+    def sneaky_bypass(self) -> None:
+        self.db.conn.set_authorizer(None)
+        self.db.execute("CREATE TABLE extra (x)")
+
+    @read_only
+    def leave(self) -> None:
+        raise SystemExit(3)
+
+    @read_only
+    def alarm_at(self) -> float | None:
+        return self.get_alarm()
+
+    def set_at(self, at: float) -> None:
+        self.set_alarm(at)
 
     @read_only
     def sneaky_alarm(self) -> None:
@@ -102,6 +118,9 @@ def test_the_marker_is_public_and_listed_per_class() -> None:
         "columns",
         "sneaky_write",
         "sneaky_pragma",
+        "sneaky_bypass",
+        "leave",
+        "alarm_at",
         "sneaky_schema",
         "sneaky_alarm",
         "sneaky_send",
@@ -116,6 +135,7 @@ def test_the_marker_is_public_and_listed_per_class() -> None:
         ("sneaky_write", "may not write"),
         ("sneaky_schema", "may not write"),
         ("sneaky_pragma", "may not write"),
+        ("sneaky_bypass", "may not write"),
         ("sneaky_alarm", "cannot set alarms or send messages"),
         ("sneaky_send", "cannot set alarms or send messages"),
         ("sneaky_call", "cannot call other cells"),
@@ -137,8 +157,34 @@ def test_a_read_only_method_that_writes_or_reaches_out_fails_and_changes_nothing
     assert node.call("Reads", "a", "put", {"k": "a", "v": 2}) == 2
 
 
-def test_a_read_only_method_may_read_the_schema(node: Node) -> None:
+def test_a_read_only_method_may_read_the_schema_and_the_alarm(node: Node) -> None:
     assert node.call("Reads", "a", "columns") == ["k", "v"]
+    assert node.call("Reads", "a", "alarm_at") is None
+    node.call("Reads", "a", "set_at", {"at": 4_000_000_000})
+    assert node.call("Reads", "a", "alarm_at") == 4_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("query_only", 1), ("foreign_keys", 1), ("soft_heap_limit", 1000), ("cache_size", 5)],
+)
+def test_a_read_only_method_may_not_set_a_pragma(node: Node, name: str, value: int) -> None:
+    """Settings outlive the call (the connection's, or the process's): refused, not only
+    the pragmas that write the file."""
+    node.call("Reads", "a", "put", {"k": "a", "v": 1})
+    with pytest.raises(MethodFailed, match="may not write"):
+        node.call("Reads", "a", "sneaky_pragma", {"name": name, "value": value})
+    assert node.call("Reads", "a", "put", {"k": "a", "v": 2}) == 2  # writes still work
+
+
+def test_a_read_only_method_raising_systemexit_fails_the_call_not_the_caller(
+    node: Node,
+) -> None:
+    node.call("Reads", "a", "put", {"k": "a", "v": 1})
+    with pytest.raises(MethodFailed, match="SystemExit") as err:
+        node.call("Reads", "a", "leave")  # inline: in this very thread
+    assert err.value.outcome == FAILED
+    assert node.call("Reads", "a", "value", {"k": "a"}) == 1
 
 
 def test_an_idle_cell_answers_a_read_only_call_in_the_callers_thread(node: Node) -> None:
@@ -261,6 +307,40 @@ def test_putting_a_cell_away_waits_for_the_read_running_inline(node: Node) -> No
     put_away.join(10)
     assert invoke.reply.get(timeout=10) == 3
     assert not put_away.is_alive() and node.hibernated_cells() == 1
+
+
+def test_a_reset_waits_for_the_read_running_inline_before_it_drops_the_file(
+    node: Node,
+) -> None:
+    """A reset stops the cell without waiting for it (it may be stuck), then drops its file
+    once the actor is stopped: that must also wait for a read running in a caller's
+    thread, which would otherwise meet a closed, deleted database."""
+    Reads.gate = threading.Event()
+    Reads.entered.clear()
+    node.call("Reads", "a", "put", {"k": "a", "v": 3})
+    host = node._hosts["Reads:a"]
+    assert host.active is not None
+    path = host.active.runtime.database.path
+    answers: list[object] = []
+
+    def read() -> None:
+        try:
+            answers.append(node.call("Reads", "a", "slow_value", {"k": "a"}))
+        except CallError as err:
+            answers.append(err)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert Reads.entered.wait(10)
+    node._reset(host, NotDurable("test: an upload could not be proven"))
+    eventually(lambda: host.active is not None and not host.active.cell.is_alive())
+    reader.join(0.3)
+    assert path.exists()  # not while the read runs on it
+    Reads.gate.set()
+    reader.join(10)
+    eventually(lambda: not path.exists())
+    # The read ran on an open database; its answer is held behind the reset's failure.
+    assert len(answers) == 1 and isinstance(answers[0], NotDurable), answers
 
 
 def test_inline_reads_racing_hibernation_and_passivation_lose_nothing(node: Node) -> None:

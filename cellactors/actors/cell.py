@@ -29,17 +29,17 @@ import functools
 import inspect
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import msgpack
 import pykka
 import sqlite_utils
 
+from cellactors.actors.cell_gate import CellInbox, ExecGate
 from cellactors.actors.channel import Outcome, ReplicaChannel
 from cellactors.actors.messages import (
     DropOutbox,
@@ -250,11 +250,13 @@ class CellActor(pykka.ThreadingActor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Held while a message is handled, by the cell's thread or by a caller running a
-        #: read-only call inline: the cell's code and database are used by one at a time.
-        self._exec = threading.Lock()
-        #: Set (under ``_exec``) when the actor stops: nothing runs inline after it.
-        self._closed = False
+        # Taken by the cell's thread for every message, and by a caller running a read-only
+        # call inline: the cell's code and database are used by one thread at a time.
+        self.__gate = ExecGate(cast(CellInbox, self.actor_inbox))
+
+    @staticmethod
+    def _create_actor_inbox() -> CellInbox:
+        return CellInbox()
 
     def on_activate(self) -> None:
         """Runs once per activation, inside a transaction, before any call."""
@@ -275,7 +277,7 @@ class CellActor(pykka.ThreadingActor):
 
     def get_alarm(self) -> float | None:
         """When the alarm is due (epoch seconds), or None when no alarm is set."""
-        row = self._runtime_db().tables.alarm()
+        row = self._runtime_db(writing=False).tables.alarm()
         return None if row is None else row.at_ms / 1000
 
     def delete_alarm(self) -> None:
@@ -344,37 +346,30 @@ class CellActor(pykka.ThreadingActor):
     # --- runtime side -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        with self._exec:
+        with self.__gate.handling():
             return self._dispatch(message)
 
     def on_stop(self) -> None:
-        # Waits for a read-only call running inline; none starts after this.
-        with self._exec:
-            self._closed = True
+        self.__gate.close()  # waits for a read-only call running inline; none starts after
 
     def on_failure(self, *_exc_info: Any) -> None:
-        with self._exec:
-            self._closed = True
+        self.__gate.close()
 
     def _run_inline(self, msg: Invoke) -> bool:
         """Run ``msg`` (a call to a read-only method) in the calling thread if the cell is
-        idle: open, no message being handled and none queued. False: it did not run, send
-        it to the mailbox. The answer is held like any other (``msg.reply``)."""
-        if not self._exec.acquire(blocking=False):
-            return False
+        idle and open (:class:`~cellactors.actors.cell_gate.ExecGate`). False: it did not
+        run, send it to the mailbox. The answer is held like any other (``msg.reply``)."""
+        return self.__gate.run_if_idle(lambda: self._invoke_inline(msg), self.actor_stopped.is_set)
+
+    def _invoke_inline(self, msg: Invoke) -> None:
         try:
-            if self._closed or self._runtime is None or not self.actor_inbox.empty():
-                return False
-            try:
-                self._invoke(msg)
-            except Exception as err:  # a runtime bug; the read-only transaction rolled back
-                log.exception("read-only call %s.%s failed inline", self.cell_id, msg.method)
-                failure = MethodFailed(type(err).__name__, str(err))
-                with contextlib.suppress(queue.Full):  # unless it was answered already
-                    msg.reply.set_exception((type(failure), failure, None))
-            return True
-        finally:
-            self._exec.release()
+            self._invoke(msg)
+        except BaseException as err:  # the read-only transaction rolled back; never the
+            # caller's thread (the event loop) that goes down with it
+            log.exception("read-only call %s.%s failed inline", self.cell_id, msg.method)
+            failure = MethodFailed(type(err).__name__, str(err))
+            with contextlib.suppress(queue.Full):  # unless it was answered already
+                msg.reply.set_exception((type(failure), failure, None))
 
     def _dispatch(self, message: Any) -> Any:
         if isinstance(message, Invoke):
@@ -405,12 +400,12 @@ class CellActor(pykka.ThreadingActor):
             raise RuntimeError("cell actor used before activation")
         return self._runtime
 
-    def _runtime_db(self) -> CellDatabase:
+    def _runtime_db(self, writing: bool = True) -> CellDatabase:
         """The database, only inside a call's transaction (alarms and messages are part
-        of one)."""
+        of one); ``writing`` (setting an alarm, sending a message) not in a read-only one."""
         if not self._in_txn:
             raise RuntimeError("alarms and messages can only be used inside a cell's method")
-        if self._read_only_txn:
+        if writing and self._read_only_txn:
             raise RuntimeError("a read-only method cannot set alarms or send messages")
         return self._require_runtime().database
 
@@ -540,6 +535,7 @@ class CellActor(pykka.ThreadingActor):
         self._transact(self.on_activate, (), {}, reply)
         reply.get()  # on_activate failures fail the activation
         runtime.run_inline = self._run_inline
+        runtime.database.before_close = self.__gate.close
         return runtime.database.tables.state()
 
     def _invoke(self, msg: Invoke) -> None:

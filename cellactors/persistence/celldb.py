@@ -57,20 +57,36 @@ _CREATES = {1, 2, 3, 4, 5, 6, 7, 8}
 # object (1-17), INSERT, UPDATE and DELETE, ALTER TABLE, REINDEX, ANALYZE, virtual tables.
 _READ_ONLY_REFUSED = frozenset({*range(1, 19), 23, 26, 27, 28, 29, 30})
 _PRAGMA = 19
-# Pragmas that write the database file when given a value (``PRAGMA user_version = 7``);
-# with an argument, others read (``PRAGMA table_info(t)``).
-_WRITING_PRAGMAS = frozenset(
+# Pragmas a read-only method may run with an argument: they read (``PRAGMA table_info(t)``).
+# Any other pragma given a value sets something (the file's header, the connection's or the
+# process's settings) and is refused; without one, a pragma reads, except these.
+_READING_PRAGMAS = frozenset(
     {
-        "application_id",
-        "auto_vacuum",
-        "incremental_vacuum",
-        "journal_mode",
-        "page_size",
-        "schema_version",
-        "user_version",
-        "writable_schema",
+        "foreign_key_check",
+        "foreign_key_list",
+        "index_info",
+        "index_list",
+        "index_xinfo",
+        "integrity_check",
+        "quick_check",
+        "table_info",
+        "table_list",
+        "table_xinfo",
     }
 )
+_ACTING_PRAGMAS = frozenset({"incremental_vacuum", "optimize", "shrink_memory", "wal_checkpoint"})
+
+
+def _read_only_refusal(action: int, arg1: str | None, arg2: str | None) -> bool:
+    """Whether a read-only method may not do ``action``: anything that writes or sets."""
+    if action in _READ_ONLY_REFUSED:
+        return True
+    if action != _PRAGMA:
+        return False
+    name = (arg1 or "").lower()
+    return name in _ACTING_PRAGMAS or (arg2 is not None and name not in _READING_PRAGMAS)
+
+
 _RUNTIME_TABLES = frozenset(RUNTIME_SQL)
 
 
@@ -120,6 +136,9 @@ class CellDatabase:
         self._refusal: str | None = None
         self._runtime_writing = False
         self._read_only = False  # set while a read-only method runs (the authorizer reads it)
+        #: Called first by :meth:`close`: the cell's gate, which waits for a call running in
+        #: another thread, so that no SQL ever runs on a closed connection.
+        self.before_close: Callable[[], None] | None = None
         self.calls = CallLog(self.conn)
         self.tables = RuntimeTables(self.conn)
         self.trims = 0
@@ -156,10 +175,7 @@ class CellDatabase:
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_rest: object) -> int:
         if self._runtime_writing:
             return sqlite3.SQLITE_OK
-        if self._read_only and (
-            action in _READ_ONLY_REFUSED
-            or (action == _PRAGMA and arg2 is not None and (arg1 or "").lower() in _WRITING_PRAGMAS)
-        ):
+        if self._read_only and _read_only_refusal(action, arg1, arg2):
             self._refusal = "a read-only method may not write"
             return sqlite3.SQLITE_DENY
         reason = _DENIED.get(action)
@@ -186,8 +202,9 @@ class CellDatabase:
         when ``fn`` changed something, so a read-only call stays read-only.
 
         ``read_only``: ``fn`` may change nothing. The authorizer refuses every statement
-        that would write, so the schema cannot move and the transaction needs no write lock;
-        a row changed anyway still fails the call (rolled back, :class:`Refused`)."""
+        that would write or set a pragma, so the transaction takes no write lock; a change
+        that got past it anyway (the method removed the authorizer) still fails the call
+        (rolled back, :class:`Refused`)."""
         conn = self.conn
         conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
@@ -202,10 +219,11 @@ class CellDatabase:
                 self._read_only = False
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
-            if read_only and conn.total_changes != before:
-                raise Refused("a read-only method may not write: its changes were rolled back")
-            seen = self.schema if read_only else capture.schema_version(conn)
+            seen = capture.schema_version(conn)
             user_changed_schema = seen != self.schema
+            if read_only and (user_changed_schema or conn.total_changes != before):
+                # Past the authorizer (the method removed it): refused all the same.
+                raise Refused("a read-only method may not write: its changes were rolled back")
             if not user_changed_schema and conn.total_changes == before:
                 # Read-only: no row written (capture triggers and AUTOINCREMENT counters
                 # count as changes too) and no schema change: nothing to capture or ship.
@@ -295,6 +313,8 @@ class CellDatabase:
             self.sequence = txn.sequence
 
     def close(self) -> None:
+        if self.before_close is not None:
+            self.before_close()
         self.conn.close()
 
     def discard(self) -> None:
