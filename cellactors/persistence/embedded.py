@@ -24,6 +24,9 @@ from types import TracebackType
 from cellactors.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
+# What ``weed`` logs when a port it was given is in use.
+_PORT_LOST = (b"port allocation failed", b"address already in use")
+
 _PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
@@ -71,18 +74,46 @@ class SeaweedServer:
 
     def __init__(self, data_dir: str | os.PathLike[str], s3_port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.ports = {flag: free_port() for flag in _PORT_FLAGS}
-        if s3_port:
-            self.ports["s3.port"] = s3_port
+        self._s3_port = s3_port
+        self.ports = self._pick_ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "seaweedfs.log"
+
+    def _pick_ports(self) -> dict[str, int]:
+        ports = {flag: free_port() for flag in _PORT_FLAGS}
+        if self._s3_port:
+            ports["s3.port"] = self._s3_port
+        return ports
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
     def start(self, timeout: float = 30.0) -> SeaweedServer:
-        """Start the server and return once its S3 port answers HTTP."""
+        """Start the server and return once its S3 port answers HTTP.
+
+        The ports were free when they were picked; another process may take one before the
+        server binds it. A server that exits at start because a port it picked is in use
+        starts again on fresh ports (up to 3 times; a port given explicitly is kept)."""
+        for attempt in range(4):
+            start_of_log = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once(timeout)
+            except ConfigError:
+                if attempt == 3 or not self._lost_a_port(start_of_log):
+                    raise
+                self.ports = self._pick_ports()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _lost_a_port(self, start_of_log: int) -> bool:
+        """Whether this start's log says a port it picked was taken meanwhile (``weed``
+        checks its ports first; a port taken after that check fails the bind itself)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(start_of_log)
+            said = log.read().lower()
+        return any(sign in said for sign in _PORT_LOST)
+
+    def _start_once(self, timeout: float) -> SeaweedServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             weed_binary(),

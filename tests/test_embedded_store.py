@@ -1,0 +1,50 @@
+"""The embedded SeaweedFS store (``cellactors serve`` without ``--bucket``) starts even when
+another process takes one of the ports it picked before it could bind it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from cellactors.errors import ConfigError
+from cellactors.persistence.embedded import SeaweedServer
+
+
+def _hold(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_a_port_taken_before_the_start_moves_the_server_to_fresh_ports(tmp_path: Path) -> None:
+    server = SeaweedServer(tmp_path / "store")
+    picked = dict(server.ports)
+    taken = _hold(picked["master.port"])  # another process got there first
+    try:
+        server.start()
+        try:
+            assert server.ports["master.port"] != picked["master.port"]
+            assert b"port allocation failed" in server.log_path.read_bytes().lower()
+        finally:
+            server.stop(grace=0)
+    finally:
+        taken.close()
+
+
+def test_an_explicit_s3_port_in_use_is_an_error_not_a_move(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    taken = _hold(port)
+    try:
+        server = SeaweedServer(tmp_path / "store", s3_port=port)
+        with pytest.raises(ConfigError, match=r"exited at start|did not answer"):
+            server.start(timeout=20)
+        assert server.ports["s3.port"] == port
+        server.stop(grace=0)
+    finally:
+        taken.close()
