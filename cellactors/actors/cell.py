@@ -201,14 +201,11 @@ def read_only(method: F) -> F:
     return method
 
 
-def is_read_only(fn: Any) -> bool:
-    """Whether ``fn`` (a function or bound method) was marked with :func:`read_only`."""
-    return getattr(fn, _READ_ONLY, False) is True
-
-
 @functools.cache
 def _read_only_methods(cls: type) -> frozenset[str]:
-    return frozenset(name for name in _exposed(cls) if is_read_only(getattr(cls, name)))
+    return frozenset(
+        name for name in _exposed(cls) if getattr(getattr(cls, name), _READ_ONLY, False) is True
+    )
 
 
 @functools.cache
@@ -622,7 +619,7 @@ class CellActor(pykka.ThreadingActor):
                 lambda: fn(*args, **kwargs),
                 check,
                 on_write if call is not None else None,
-                read_only=call is not None and is_read_only(fn),
+                read_only=call is not None and call.method in type(self).read_only_methods(),
             )
         except BadResult as err:
             outcome.error, outcome.value = err, None
