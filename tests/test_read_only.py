@@ -7,6 +7,7 @@ import asyncio
 import queue
 import sqlite3
 import threading
+import time
 from typing import Any, cast
 
 import pykka
@@ -15,7 +16,14 @@ import pytest
 import cellactors
 from cellactors import CellActor, Node, read_only
 from cellactors.actors.messages import Invoke
-from cellactors.errors import FAILED, NOT_RUN, CallError, MethodFailed, NotDurable
+from cellactors.errors import (
+    FAILED,
+    NOT_RUN,
+    CallError,
+    MethodFailed,
+    NodeUnavailable,
+    NotDurable,
+)
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
 from tests.runtime_helpers import eventually, make_node
@@ -252,6 +260,27 @@ def test_an_inline_read_answers_only_after_the_writes_it_saw_are_durable(
     finally:
         slow.release.set()
         node.stop()
+
+
+def test_a_read_only_call_after_the_lease_deadline_fences_instead_of_answering(
+    node: Node,
+) -> None:
+    """The lease rule holds for calls that run inline too: a process whose lease deadline
+    passed (resumed after a pause) answers no read from its local state."""
+    fenced = threading.Event()
+    node._on_fence = lambda reason: fenced.set()
+    node.call("Reads", "a", "put", {"k": "a", "v": 1})
+    node.deadline.value = time.monotonic() - 1
+
+    async def submitted() -> object:
+        return node.submit_here(
+            "Reads", "a", "value", {"k": "a"}, reply=LoopReply(asyncio.get_running_loop())
+        )
+
+    assert asyncio.run(submitted()) is None  # not run inline: sent to the blocking path
+    with pytest.raises(NodeUnavailable):
+        node.call("Reads", "a", "value", {"k": "a"})
+    assert fenced.is_set() and node.status == "fenced"
 
 
 def test_the_http_path_runs_a_read_only_call_on_the_event_loop(node: Node) -> None:
