@@ -193,8 +193,18 @@ class FailingStart(Recorder):
         raise RuntimeError("cannot start")
 
 
-def test_an_actor_whose_on_start_fails_answers_every_message_dead() -> None:
-    ref = FailingStart.start()
+class Doom(BaseException):
+    """Not an Exception: pykka lets it through on_start."""
+
+
+class DoomedStart(Recorder):
+    def on_start(self) -> None:
+        raise Doom()
+
+
+@pytest.mark.parametrize("cls", [FailingStart, DoomedStart], ids=["exception", "base_exception"])
+def test_an_actor_whose_on_start_fails_answers_every_message_dead(cls: type[Recorder]) -> None:
+    ref = cls.start()
     early = ref.ask("queued before on_start ran", block=False)
     with pytest.raises(pykka.ActorDeadError):
         early.get(timeout=5)
@@ -289,23 +299,6 @@ def test_messages_sent_after_the_pool_shut_down_are_answered_dead() -> None:
     closing.shutdown()
     with pytest.raises(pykka.ActorDeadError):
         ref.ask("after", timeout=5)
-    assert not ref.is_alive()
-
-
-class Doom(BaseException):
-    """Not an Exception: pykka lets it through on_start."""
-
-
-class DoomedStart(Recorder):
-    def on_start(self) -> None:
-        raise Doom()
-
-
-def test_an_on_start_raising_a_base_exception_answers_every_message_dead() -> None:
-    ref = DoomedStart.start()
-    early = ref.ask("queued", block=False)
-    with pytest.raises(pykka.ActorDeadError):
-        early.get(timeout=5)
     assert not ref.is_alive()
 
 
