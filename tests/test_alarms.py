@@ -330,7 +330,9 @@ def test_an_idle_node_sends_lease_renewals_and_one_list_per_scan(sw_bucket: S3Bu
         time.sleep(2.5)  # the interval being measured, not a synchronisation
         scans1, renewals1, sent1 = _counts(node)
         scans, renewals = scans1 - scans0, int(renewals1 - renewals0)
-        assert 4 <= scans <= 8
+        # About 6 scans fit in 2.5 s; a loaded machine may stall the loop for a second or
+        # two, so the floor only says the scan is periodic. The ceiling is the idle cost.
+        assert 2 <= scans <= 8
         sent = {k: sent1[k] - sent0[k] for k in sent1 if sent1[k] != sent0[k]}
         expected = {("list", "wake"): scans, ("put_cas", "lease"): renewals}
         assert sent == {k: v for k, v in expected.items() if v}

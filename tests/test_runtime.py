@@ -70,10 +70,20 @@ def test_lone_write_is_one_put_and_one_owner_get(sw_bucket: S3Bucket) -> None:
 
 
 def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
-    node = make_node(sw_bucket, "n1")
+    # "Concurrent" means all 64 are in flight at once. Released by a barrier alone, the
+    # writers can trickle in over many uploads on a loaded machine (a CI run once counted 13
+    # PUTs); so the first upload is held until the cell has committed all 64, as a slow PUT
+    # would hold it, and group commit must then ship the rest together.
+    store = HangingBucket(sw_bucket)
+    node = make_node(store, "n1")
     try:
         cell = node.cell(Counter, "a")
         cell.increment("warm")
+        host = node._hosts[CELL]
+        assert host.active is not None
+        channel = host.active.runtime.channel
+        start = channel.committed
+        store.hang = True
         barrier = threading.Barrier(64)
         results: list[int] = []
 
@@ -85,6 +95,9 @@ def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
         threads = [threading.Thread(target=writer) for _ in range(64)]
         for t in threads:
             t.start()
+        eventually(lambda: channel.committed == start + 64)
+        assert results == []  # nothing answered before its batch was durable
+        store.release.set()
         for t in threads:
             t.join()
         ops = delta(node, before)
@@ -92,6 +105,7 @@ def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
         assert ops[("put", "batch")] <= 8
         assert ops[("get", "own")] == ops[("put", "batch")]
     finally:
+        store.release.set()
         node.stop()
 
 
