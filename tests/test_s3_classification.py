@@ -1,5 +1,6 @@
 """S3Bucket.put_cas classifies every answer of a store into Applied, Rejected or
-AmbiguousWrite, and sends a conditional PUT exactly once (no client retry)."""
+AmbiguousWrite, and sends a conditional PUT exactly once (no client retry): on the direct
+path (an explicit endpoint) and through boto3 (AWS's own endpoints, proxies) alike."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ BUCKET = "classify"
 KEY = "cells/Counter:a/own.json"
 
 
-@pytest.fixture
-def fake_bucket() -> Iterator[Callable[[str], tuple[FakeS3, S3Bucket]]]:
+@pytest.fixture(params=["direct", "boto3"])
+def fake_bucket(
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[[str], tuple[FakeS3, S3Bucket]]]:
     """Start a fake in the given mode with one empty bucket; stop them all afterwards."""
     fakes: list[FakeS3] = []
 
@@ -25,7 +28,11 @@ def fake_bucket() -> Iterator[Callable[[str], tuple[FakeS3, S3Bucket]]]:
         fake = FakeS3(mode).start()
         fakes.append(fake)
         fake.create_bucket(BUCKET)
-        return fake, S3Bucket(BUCKET, endpoint=fake.endpoint, timeout=5.0)
+        bucket = S3Bucket(BUCKET, endpoint=fake.endpoint, timeout=5.0)
+        assert bucket._direct is not None
+        if request.param == "boto3":
+            bucket._direct = None
+        return fake, bucket
 
     yield make
     for fake in fakes:

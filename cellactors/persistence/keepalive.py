@@ -15,6 +15,7 @@ direct path then sends the request again through boto3, so nothing here ever has
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import ssl
 from dataclasses import dataclass
@@ -25,7 +26,17 @@ _RECV = 256 * 1024
 
 
 class WireError(Exception):
-    """The exchange failed or its answer was not one this module takes."""
+    """The exchange failed or its answer was not one this module takes. ``sent`` is False
+    when the request never wholly left this process (no connection, or its send failed):
+    the store cannot have acted on it."""
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class Unreadable(WireError):
+    """An answer arrived but is not one this module takes (its framing, its status line)."""
 
 
 class StaleConnection(WireError):
@@ -63,40 +74,40 @@ class Connection:
         try:
             self.sock.sendall(request)
         except (BrokenPipeError, ConnectionResetError) as err:
-            raise StaleConnection(f"send failed: {err}") from err
+            raise StaleConnection(f"send failed: {err}", sent=False) from err
         except OSError as err:
-            raise WireError(f"send failed: {err}") from err
+            raise WireError(f"send failed: {err}", sent=False) from err
         head = self._read_head()
         lines = head.split(b"\r\n")
         status_line = lines[0].split(b" ", 2)
         if len(status_line) < 2 or status_line[0] not in (b"HTTP/1.1", b"HTTP/1.0"):
-            raise WireError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+            raise Unreadable(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         try:
             status = int(status_line[1])
         except ValueError:
-            raise WireError(f"bad status {status_line[1][:10]!r}") from None
+            raise Unreadable(f"bad status {status_line[1][:10]!r}") from None
         if not 200 <= status <= 599:
-            raise WireError(f"status {status} is not a final answer")
+            raise Unreadable(f"status {status} is not a final answer")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
             if not colon or not name or name != name.strip():
-                raise WireError(f"malformed header line {line[:80]!r}")
+                raise Unreadable(f"malformed header line {line[:80]!r}")
             key = name.decode("latin-1").lower()
             text = value.strip().decode("latin-1")
             if key in headers and headers[key] != text:
                 if key in ("content-length", "etag"):
-                    raise WireError(f"conflicting {key} headers")
+                    raise Unreadable(f"conflicting {key} headers")
                 text = headers[key] + ", " + text
             headers[key] = text
         if "transfer-encoding" in headers:
-            raise WireError(f"transfer encoding {headers['transfer-encoding']!r}")
+            raise Unreadable(f"transfer encoding {headers['transfer-encoding']!r}")
         length = headers.get("content-length", "")
         if not (length.isascii() and length.isdigit()):  # "²" is a digit to str.isdigit
-            raise WireError(f"no declared length (Content-Length {length or None})")
+            raise Unreadable(f"no declared length (Content-Length {length or None})")
         body = self._read_body(int(length))
         if self.buffer:
-            raise WireError("bytes beyond the declared body")
+            raise Unreadable("bytes beyond the declared body")
         if status_line[0] == b"HTTP/1.0" or "close" in headers.get("connection", "").lower():
             self.close()
         return Response(status, headers, body)
@@ -125,7 +136,7 @@ class Connection:
                 del buffer[: end + 4]
                 return head
             if len(buffer) > MAX_HEAD:
-                raise WireError(f"header block over {MAX_HEAD} bytes")
+                raise Unreadable(f"header block over {MAX_HEAD} bytes")
             self._recv(started=bool(buffer))
 
     def _read_body(self, length: int) -> bytes:
@@ -134,6 +145,17 @@ class Connection:
         body = bytes(self.buffer[:length])
         del self.buffer[:length]
         return body
+
+    def looks_closed(self) -> bool:
+        """Whether this idle connection can already be seen to be unusable: readable while
+        no request is out means the store closed it (or wrote what nobody asked for)."""
+        if self.buffer:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def close(self) -> None:
         if self.open:
@@ -181,7 +203,9 @@ class ConnectionPool:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         except OSError as err:
-            raise WireError(f"could not connect to {self.host}:{self.port}: {err}") from err
+            raise WireError(
+                f"could not connect to {self.host}:{self.port}: {err}", sent=False
+            ) from err
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
@@ -189,7 +213,9 @@ class ConnectionPool:
             sock.settimeout(self.read_timeout)
         except OSError as err:
             sock.close()
-            raise WireError(f"could not set up the connection to {self.host}: {err}") from err
+            raise WireError(
+                f"could not set up the connection to {self.host}: {err}", sent=False
+            ) from err
         return Connection(sock)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -35,10 +36,11 @@ from cellactors.persistence.bucket import (
     strip_prefix,
 )
 from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
+from cellactors.persistence.s3_direct import DirectS3, ListPage, Unanswered, Undecided
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_ERROR_CODE = re.compile(rb"<Code>\s*([A-Za-z0-9.]+)\s*</Code>")
 
 # Raised before a request is sent: no credentials could be found or loaded.
 _CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (
@@ -168,15 +170,35 @@ def _is_missing(err: botocore.exceptions.ClientError) -> bool:
     return code in _MISSING_CODES or (status == 404 and not code)
 
 
-def _date_ms(resp: dict[str, Any]) -> int | None:
-    """The store's clock from the response's ``Date`` header (whole seconds), if any."""
-    date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+def _http_date_ms(date: str | None) -> int | None:
+    """The store's clock from a response's ``Date`` header (whole seconds), if any."""
     if not date:
         return None
     try:
         return int(email.utils.parsedate_to_datetime(date).timestamp() * 1000)
     except (TypeError, ValueError):
         return None
+
+
+def _error_code(body: bytes) -> str:
+    """The ``<Code>`` of an S3 error document, or "" when there is none."""
+    found = _ERROR_CODE.search(body)
+    return found.group(1).decode("ascii") if found else ""
+
+
+def _judge_cas(key: str, status: int, code: str, guard: Guard) -> Rejected | None:
+    """What a conditional PUT's failed answer says: Rejected (its condition failed, nothing
+    was written), None (the request was refused as such: not applied, an error to raise),
+    or :class:`AmbiguousWrite` (a 5xx: it may have been applied)."""
+    if status == 412 or code in _REJECT_CODES:
+        return Rejected(code or str(status))
+    if isinstance(guard, Match) and status == 404:
+        # Stores answer If-Match on a missing key with 404 under various codes; either way
+        # nothing was written.
+        return Rejected("missing")
+    if status >= 500 or status == 0:
+        raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}")
+    return None
 
 
 def _toggle_quotes(token: str) -> str:
@@ -268,42 +290,62 @@ class S3Bucket(Bucket):
         if len(body) > MAX_CAS_BODY:
             raise ValueError(f"conditional body of {len(body)} bytes exceeds {MAX_CAS_BODY}")
         if isinstance(guard, Absent):
-            return self._put_conditional(key, body, {"IfNoneMatch": "*"}, guard)
-        result = self._put_conditional(key, body, {"IfMatch": guard.token}, guard)
+            return self._put_conditional(key, body, ("if-none-match", "*"), guard)
+        result = self._put_conditional(key, body, ("if-match", guard.token), guard)
         if isinstance(result, Rejected) and result.reason != "missing":
             # Some stores only match one ETag spelling (quoted or bare). When the object
             # still carries our token, the rejection was about spelling: try the other one.
             current = self.head(key)
             if current is not None and _same_etag(current.token, guard.token):
-                alt = {"IfMatch": _toggle_quotes(guard.token)}
+                alt = ("if-match", _toggle_quotes(guard.token))
                 return self._put_conditional(key, body, alt, guard)
         return result
 
     def _put_conditional(
-        self, key: str, body: bytes, condition: dict[str, str], guard: Guard
+        self, key: str, body: bytes, condition: tuple[str, str], guard: Guard
     ) -> CasResult:
+        """Send the conditional PUT exactly once and classify its answer: Applied, Rejected,
+        or :class:`AmbiguousWrite` when the store may have applied it."""
+        if self._direct is not None:
+            try:
+                answer = self._direct.put_conditional(self.bucket, self._key(key), body, condition)
+            except Undecided:
+                pass  # it never left: boto3 sends it and classifies what comes back
+            except Unanswered as err:
+                raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
+            else:
+                code = _error_code(answer.body) if answer.status != 200 else ""
+                if answer.status == 200:
+                    etag = answer.headers.get("etag")
+                    if etag is None:
+                        raise AmbiguousWrite(f"conditional PUT {key}: applied without an ETag")
+                    return Applied(etag, server_ms=_http_date_ms(answer.headers.get("date")))
+                judged = _judge_cas(key, answer.status, code, guard)
+                if judged is not None:
+                    return judged
+                # Any other answer (a redirect, a refusal of the request itself) means it
+                # was not applied: boto3 sends it and raises its classified error.
+        options = (
+            {"IfNoneMatch": "*"} if condition[0] == "if-none-match" else {"IfMatch": condition[1]}
+        )
         try:
             resp = self._cas.put_object(
-                Bucket=self.bucket, Key=self._key(key), Body=body, **condition
+                Bucket=self.bucket, Key=self._key(key), Body=body, **options
             )
         except botocore.exceptions.ParamValidationError as err:
             raise BucketError(f"conditional PUT {key} is malformed: {err}") from err
         except botocore.exceptions.ClientError as err:
             status, code = _status(err)
-            if status == 412 or code in _REJECT_CODES:
-                return Rejected(code or str(status))
-            if isinstance(guard, Match) and status == 404:
-                # Stores answer If-Match on a missing key with 404 under various codes;
-                # either way nothing was written.
-                return Rejected("missing")
-            if status >= 500 or status == 0:
-                raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}") from err
+            judged = _judge_cas(key, status, code, guard)
+            if judged is not None:
+                return judged
             raise failure(f"conditional PUT {key}", err) from err
         except (*_CREDENTIAL_ERRORS, *_UNREACHABLE_ERRORS) as err:
             raise failure(f"conditional PUT {key}", err) from err  # never sent: not ambiguous
         except botocore.exceptions.BotoCoreError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-        return Applied(str(resp["ETag"]), server_ms=_date_ms(resp))
+        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        return Applied(str(resp["ETag"]), server_ms=_http_date_ms(date))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         for page in self._pages(prefix, self._key(prefix)):

@@ -10,12 +10,19 @@ timestamp). Signed here with AWS Signature Version 4, sent and read by
 0.18 ms and that listing about 20 ms. On a small machine that CPU is what limits a node's
 writes, activations and restores per second.
 
-Only requests that may be sent twice take this path: a GET, a listing, and a plain PUT of
-an object whose body is fixed by its key (a batch, a snapshot). A request whose answer is
-not clean (any error, timeout, unexpected status, or a body that is not whole or not
-understood) is not interpreted here: the caller sends it again through boto3, which
-retries, classifies the error and raises as before. Conditional writes and deletes always
-go through boto3. The fence gate is checked before every request, as boto3's hook does.
+Requests that may be sent twice take this path with a fallback: a GET, a listing, and a
+plain PUT of an object whose body is fixed by its key (a batch, a snapshot). A request whose
+answer is not clean (any error, timeout, unexpected status, or a body that is not whole or
+not understood) is not interpreted here: the caller sends it again through boto3, which
+retries, classifies the error and raises as before.
+
+A conditional PUT that has left this process is never sent again
+(:meth:`DirectS3.put_conditional`): sent again after a store applied it silently, it would
+be refused by its own write and read as lost. So it goes to boto3 only when it never left
+(no connection, a send that failed) or the store refused the request itself (a status that
+means nothing was applied, judged by the bucket); an exchange that breaks after the request
+went out raises :class:`Unanswered`, which the bucket reports as an ambiguous write. Deletes always go through boto3. The fence gate is
+checked before every request, as boto3's hook does.
 
 It is used only against an explicit endpoint with path-style addressing (the embedded
 store, SeaweedFS, MinIO, ...) and with no HTTP proxy configured: boto3 handles AWS's own
@@ -38,7 +45,13 @@ from typing import Any
 
 from cellactors.persistence.bucket import ObjectInfo, StoredObject
 from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.keepalive import ConnectionPool, Response, StaleConnection, WireError
+from cellactors.persistence.keepalive import (
+    ConnectionPool,
+    Response,
+    StaleConnection,
+    Unreadable,
+    WireError,
+)
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
 _NO_SUCH_KEY = re.compile(rb"<Code>\s*NoSuchKey\s*</Code>")
@@ -47,6 +60,11 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 class Undecided(Exception):
     """The direct request did not clearly succeed (nor clearly miss): send it through boto3."""
+
+
+class Unanswered(Exception):
+    """A conditional PUT left this process and no whole answer came back: the store may
+    have applied it. It must not be sent again."""
 
 
 @dataclass
@@ -97,6 +115,10 @@ class DirectS3:
         )
         self._key_lock = threading.Lock()
         self._signing_key: tuple[tuple[str, str], bytes] | None = None
+        #: Conditional PUTs take this path until an answer (of any request) comes back in a
+        #: shape :mod:`keepalive` does not read; after that boto3 sends them, so that a store
+        #: whose answers this path cannot read turns at most one write ambiguous.
+        self.conditional = True
 
     @staticmethod
     def usable(endpoint: str | None) -> bool:
@@ -160,21 +182,40 @@ class DirectS3:
         except (ElementTree.ParseError, ValueError, TypeError) as err:
             raise Undecided(f"LIST answered an unreadable page: {err}") from err
 
+    def put_conditional(
+        self, bucket: str, key: str, body: bytes, condition: tuple[str, str]
+    ) -> Response:
+        """Send a PUT guarded by ``condition`` (``("if-none-match", "*")`` or
+        ``("if-match", etag)``) at most once, and return its answer whatever its status:
+        the caller judges it. :class:`Undecided` means the request never left (boto3 may
+        send it); :class:`Unanswered` that it left and its fate is unknown."""
+        if not self.conditional:
+            raise Undecided("this store answered in a shape the direct path does not read")
+        return self._send("PUT", self._path(bucket, key), body=body, condition=condition)
+
     # --- the wire ---------------------------------------------------------------------
 
     def _path(self, bucket: str, key: str) -> str:
         return self.root + "/" + _quote(bucket) + "/" + _quote(key)
 
     def _send(
-        self, method: str, path: str, params: dict[str, str] | None = None, body: bytes = b""
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None = None,
+        body: bytes = b"",
+        condition: tuple[str, str] | None = None,
     ) -> Response:
         """Send one request on a pooled connection and read its whole answer. A pooled
         connection the store closed while it was idle fails before any answer arrives:
-        then the idle ones are dropped and the request is sent once more on a new one."""
+        then the idle ones are dropped and the request is sent once more on a new one. A
+        conditional request (``condition``) is sent again only if it never left: it skips
+        idle connections already seen closed, and any failure after its send is
+        :class:`Unanswered`."""
         query = _canonical_query(params) if params else ""
         target = path + ("?" + query if query else "")
         try:
-            headers = self._signed(method, path, query, body)
+            headers = self._signed(method, path, query, body, condition)
             if method == "PUT":
                 headers["content-length"] = str(len(body))
             head = f"{method} {target} HTTP/1.1\r\n" + "".join(
@@ -186,22 +227,37 @@ class DirectS3:
             raise Undecided(f"{method} could not be signed: {err}") from err
         for attempt in (1, 2):
             refuse_if_fenced()  # raises Fenced: the gate is closed, nothing is sent
+            pooled = False
             try:
                 conn, pooled = self.pool.take()
+                if pooled and condition is not None and conn.looks_closed():
+                    conn.close()
+                    self.pool.close()
+                    conn, pooled = self.pool.connect(), False
                 answer = conn.exchange(request)
-            except StaleConnection as err:
-                if pooled and attempt == 1:
+            except WireError as err:
+                if isinstance(err, Unreadable):
+                    self.conditional = False
+                if condition is not None and err.sent:
+                    raise Unanswered(f"{method} sent, then {err}") from err
+                if pooled and attempt == 1 and (isinstance(err, StaleConnection) or not err.sent):
                     self.pool.close()
                     continue
-                raise Undecided(f"{method} failed: {err}") from err
-            except WireError as err:
                 raise Undecided(f"{method} failed: {err}") from err
             self.pool.give(conn)
             return answer
         raise AssertionError("unreachable")
 
-    def _signed(self, method: str, path: str, query: str, body: bytes) -> dict[str, str]:
-        """The request's headers with its Signature Version 4 authorization."""
+    def _signed(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        body: bytes,
+        condition: tuple[str, str] | None = None,
+    ) -> dict[str, str]:
+        """The request's headers with its Signature Version 4 authorization (a condition
+        header is signed with them)."""
         creds = self.credentials.get_frozen_credentials()
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         day = stamp[:8]
@@ -213,6 +269,8 @@ class DirectS3:
         }
         if creds.token:
             headers["x-amz-security-token"] = creds.token
+        if condition is not None:
+            headers[condition[0]] = condition[1]
         names = sorted(headers)
         canonical = "\n".join(
             (

@@ -1,0 +1,166 @@
+"""Conditional PUTs on the direct S3 path: they verify and classify on real stores without
+boto3, and are never sent a second time once they may have reached the store. Sent again
+after a silent apply, a create would be refused by its own write and read as lost, so every
+answer that does not come back whole is an ambiguous write, and only a request that never
+left (or that the store refused as a request) goes to boto3."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cellactors.errors import AmbiguousWrite
+from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
+from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.gate import Fenced, GatedBucket
+from cellactors.persistence.s3 import S3Bucket
+from tests.conftest import make_s3_bucket
+from tests.faults.proxy import FaultProxy
+from tests.raw_server import RawServer
+from tests.runtime_helpers import eventually
+from tests.test_s3_direct import OK_HEAD, BotoSends
+
+KEY = "cells/Counter:a/own.json"
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweed.endpoint, "direct-cas") as p:
+        yield p
+
+
+@pytest.mark.parametrize("store", ["seaweed", "moto"])
+def test_conditional_puts_verify_and_classify_on_real_stores_without_boto3(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    endpoint = (
+        request.getfixturevalue("seaweed").endpoint
+        if store == "seaweed"
+        else request.getfixturevalue("moto_server")
+    )
+    bucket = make_s3_bucket(endpoint, prefix="fleet")
+    with BotoSends(bucket._cas) as sends:
+        created = bucket.put_cas(KEY, b"v1", Absent())
+        assert isinstance(created, Applied) and created.server_ms is not None
+        assert isinstance(bucket.put_cas(KEY, b"again", Absent()), Rejected)
+        updated = bucket.put_cas(KEY, b"v2", Match(created.token))
+        assert isinstance(updated, Applied)
+        assert isinstance(bucket.put_cas("cells/none/own.json", b"x", Match('"e"')), Rejected)
+        assert sends.count == 0
+    # The stale token's rejection is also checked for ETag spelling (a HEAD through boto3).
+    assert isinstance(bucket.put_cas(KEY, b"v3", Match(created.token)), Rejected)
+    got = bucket.get(KEY)
+    assert (
+        got is not None and got.body == b"v2" and got.token.strip('"') == updated.token.strip('"')
+    )
+
+
+@pytest.mark.parametrize("guard", ["absent", "match"])
+def test_a_conditional_put_the_store_applied_but_never_answered_is_ambiguous_and_sent_once(
+    proxy: FaultProxy, guard: str
+) -> None:
+    bucket = make_s3_bucket(proxy.endpoint)
+    condition = (
+        Absent() if guard == "absent" else Match(_token(bucket.put_cas(KEY, b"v1", Absent())))
+    )
+    proxy.apply_then_drop(method="PUT", key=f"^{KEY}$", times=1)
+    with BotoSends(bucket._cas) as sends, pytest.raises(AmbiguousWrite, match="sent, then"):
+        bucket.put_cas(KEY, b"v2", condition)
+    assert sends.count == 0
+    puts = proxy.requests(method="PUT", key=f"^{KEY}$")
+    assert [(r.applied, r.status) for r in puts][-1] == (True, None)
+    assert len(puts) == (1 if guard == "absent" else 2)  # the create before, for "match"
+    got = bucket.get(KEY)
+    assert got is not None and got.body == b"v2"  # it was applied: only read-back can tell
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_5xx_is_ambiguous_and_never_sent_again(proxy: FaultProxy, status: int) -> None:
+    bucket = make_s3_bucket(proxy.endpoint)
+    proxy.fail(status, "InternalError", method="PUT", key=f"^{KEY}$", times=1)
+    with BotoSends(bucket._cas) as sends, pytest.raises(AmbiguousWrite, match=str(status)):
+        bucket.put_cas(KEY, b"v1", Absent())
+    assert sends.count == 0
+    assert [r.status for r in proxy.requests(method="PUT", key=f"^{KEY}$")] == [status]
+
+
+def test_a_request_the_store_refused_as_such_is_sent_again_through_boto3(
+    proxy: FaultProxy,
+) -> None:
+    # A 403 applies nothing: boto3 sends it once more and classifies what it hears.
+    bucket = make_s3_bucket(proxy.endpoint)
+    proxy.fail(403, "AccessDenied", method="PUT", key=f"^{KEY}$", times=1)
+    with BotoSends(bucket._cas) as sends:
+        assert isinstance(bucket.put_cas(KEY, b"v1", Absent()), Applied)
+    assert sends.count == 1
+    assert [r.status for r in proxy.requests(method="PUT", key=f"^{KEY}$")] == [403, 200]
+
+
+def test_a_conditional_put_that_hangs_is_ambiguous_at_the_timeout(proxy: FaultProxy) -> None:
+    name = make_s3_bucket(proxy.endpoint).bucket
+    bucket = S3Bucket(name, endpoint=proxy.endpoint, timeout=1.0)
+    rule = proxy.hang(method="PUT", key=f"^{KEY}$", times=1)
+    try:
+        with BotoSends(bucket._cas) as sends, pytest.raises(AmbiguousWrite):
+            bucket.put_cas(KEY, b"v1", Absent())
+        assert sends.count == 0
+        assert len(proxy.requests(method="PUT", key=f"^{KEY}$")) == 1
+    finally:
+        rule.release()
+
+
+def test_an_idle_connection_the_store_closed_is_not_used_for_a_conditional_put() -> None:
+    # This store closes every connection after one answer, without saying so. A conditional
+    # PUT must not go out on a pooled connection already seen closed (its failure would come
+    # only after the send, and read as ambiguous): it sends on a new connection.
+    store = RawServer(OK_HEAD + b"Content-Length: 0\r\n\r\n")
+    try:
+        bucket = S3Bucket("b", endpoint=store.url, access_key="k", secret_key="s", timeout=2.0)
+        direct = bucket._direct
+        assert direct is not None
+        bucket.get("k/warm")
+        for _ in range(3):
+            # The answered connection is back in the pool; the store's close reaches it.
+            eventually(lambda: direct.pool._idle and direct.pool._idle[-1].looks_closed())
+            result = bucket.put_cas(KEY, b"v1", Absent())
+            assert isinstance(result, Applied) and result.token == '"e"'
+        assert [line.split()[0] for line, _, _ in store.requests] == [b"GET"] + [b"PUT"] * 3
+        assert all(h.get("if-none-match") == "*" for _, h, _ in store.requests[1:])
+    finally:
+        store.close()
+
+
+def test_an_answer_the_direct_path_cannot_read_is_ambiguous_and_turns_it_off() -> None:
+    # A store that answers a conditional PUT with a chunked body: the PUT left, so it may
+    # have been applied (ambiguous); later conditional PUTs go through boto3, which reads it.
+    chunked = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    store = RawServer(chunked)
+    try:
+        bucket = S3Bucket("b", endpoint=store.url, access_key="k", secret_key="s", timeout=2.0)
+        assert bucket._direct is not None
+        with pytest.raises(AmbiguousWrite, match="transfer encoding"):
+            bucket.put_cas(KEY, b"v1", Absent())
+        assert bucket._direct.conditional is False
+        with BotoSends(bucket._cas) as sends:
+            assert isinstance(bucket.put_cas(KEY, b"v1", Absent()), Applied)
+        assert sends.count == 1
+        assert len(store.requests) == 2
+    finally:
+        store.close()
+
+
+def test_a_closed_gate_stops_a_conditional_put_before_the_wire(proxy: FaultProxy) -> None:
+    bucket = make_s3_bucket(proxy.endpoint)
+    gate = GatedBucket(bucket)
+    before = len(proxy.log())
+    with gate._through("PUT", KEY):  # the gate closes while a request is under way
+        gate.close_gate("lease lost")
+        with pytest.raises(Fenced):
+            bucket.put_cas(KEY, b"v1", Absent())
+    assert len(proxy.log()) == before
+
+
+def _token(result: object) -> str:
+    assert isinstance(result, Applied)
+    return result.token
