@@ -6,6 +6,8 @@ left (or that the store refused as a request) goes to boto3."""
 
 from __future__ import annotations
 
+import resource
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,7 @@ from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
 from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.gate import Fenced, GatedBucket
+from cellactors.persistence.keepalive import Connection
 from cellactors.persistence.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
@@ -164,3 +167,31 @@ def test_a_closed_gate_stops_a_conditional_put_before_the_wire(proxy: FaultProxy
 def _token(result: object) -> str:
     assert isinstance(result, Applied)
     return result.token
+
+
+def test_an_idle_connection_is_seen_closed_past_descriptor_1024() -> None:
+    # A node raises its open-files limit and holds a descriptor per active cell: the check
+    # must not depend on select()'s 1024 limit (which would make every pooled connection
+    # look closed, and every conditional PUT open a new one).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"this machine's hard open-files limit ({hard}) is below the test's need")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [socket.socket() for _ in range(1030)]
+    ours, peer = socket.socketpair()
+    try:
+        assert ours.fileno() > 1024
+        conn = Connection(ours)
+        assert not conn.looks_closed()
+        peer.sendall(b"x")  # bytes nobody asked for: not usable either
+        eventually(conn.looks_closed)
+        conn.buffer.clear()
+        ours2, peer2 = socket.socketpair()
+        conn2 = Connection(ours2)
+        peer2.close()
+        eventually(conn2.looks_closed)
+        conn2.close()
+    finally:
+        for sock in (*filler, ours, peer):
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

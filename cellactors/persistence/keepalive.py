@@ -152,10 +152,11 @@ class Connection:
         if self.buffer:
             return True
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            poller = select.poll()  # not select(): a node's descriptors go past 1024
+            poller.register(self.sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
         except (OSError, ValueError):
             return True
-        return bool(readable)
 
     def close(self) -> None:
         if self.open:
