@@ -278,18 +278,9 @@ class CellDatabase:
 
     def load_image(self, image: bytes) -> None:
         """Replace the whole database with ``image``."""
-        fd, tmp = tempfile.mkstemp(suffix=".db")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(image)
-            capture.uninstall(self.conn)  # no temp trigger may outlive the tables it watches
-            src = sqlite3.connect(tmp)
-            try:
-                src.backup(self.conn)
-            finally:
-                src.close()
-        finally:
-            os.unlink(tmp)
+        capture.uninstall(self.conn)  # no temp trigger may outlive the tables it watches
+        with _image_source(image) as src:
+            src.backup(self.conn)
         self._after_change()
 
     def apply(self, txn: Txn) -> None:
@@ -321,6 +312,31 @@ class CellDatabase:
         """Close and delete the local copy (after a reset)."""
         self.close()
         remove_db_files(self.path)
+
+
+@contextlib.contextmanager
+def _image_source(image: bytes) -> Iterator[sqlite3.Connection]:
+    """A connection reading the database ``image``: in memory where SQLite can deserialize
+    (Python 3.11+; half the CPU of a restore's image load), else through a temporary file."""
+    if sys.version_info >= (3, 11) and hasattr(sqlite3.Connection, "deserialize"):
+        src = sqlite3.connect(":memory:")
+        try:
+            src.deserialize(image)
+            yield src
+        finally:
+            src.close()
+        return
+    fd, tmp = tempfile.mkstemp(suffix=".db")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(image)
+        src = sqlite3.connect(tmp)
+        try:
+            yield src
+        finally:
+            src.close()
+    finally:
+        os.unlink(tmp)
 
 
 def _runtime_refusal(action: int, arg1: str | None, arg2: str | None) -> str | None:
