@@ -88,6 +88,45 @@ def test_a_5xx_is_ambiguous_and_never_sent_again(proxy: FaultProxy, status: int)
     assert [r.status for r in proxy.requests(method="PUT", key=f"^{KEY}$")] == [status]
 
 
+@pytest.mark.parametrize("status", [408, 429, 499])
+def test_what_a_proxy_may_answer_after_forwarding_is_ambiguous(
+    proxy: FaultProxy, status: int
+) -> None:
+    # A timeout, a client that gave up, a throttle: a proxy may answer these after the
+    # store applied the write, so they are not "nothing was applied".
+    bucket = make_s3_bucket(proxy.endpoint)
+    proxy.fail(status, "RequestTimeout", method="PUT", key=f"^{KEY}$", times=1)
+    with BotoSends(bucket._cas) as sends, pytest.raises(AmbiguousWrite, match=str(status)):
+        bucket.put_cas(KEY, b"v1", Absent())
+    assert sends.count == 0
+    assert [r.status for r in proxy.requests(method="PUT", key=f"^{KEY}$")] == [status]
+
+
+@pytest.mark.parametrize(
+    ("answer", "applied"),
+    [
+        (b'HTTP/1.1 201 Created\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n', True),
+        (b'HTTP/1.1 204 No Content\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n', True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", False),
+    ],
+)
+def test_any_success_is_applied_and_never_sent_again(answer: bytes, applied: bool) -> None:
+    # Without an ETag the new token is unknown: ambiguous, so the caller reads it back.
+    store = RawServer(answer)
+    try:
+        bucket = S3Bucket("b", endpoint=store.url, access_key="k", secret_key="s", timeout=2.0)
+        if applied:
+            result = bucket.put_cas(KEY, b"v1", Absent())
+            assert isinstance(result, Applied) and result.token == '"e"'
+        else:
+            with pytest.raises(AmbiguousWrite, match="without an ETag"):
+                bucket.put_cas(KEY, b"v1", Absent())
+        assert len(store.requests) == 1
+    finally:
+        store.close()
+
+
 def test_a_request_the_store_refused_as_such_is_sent_again_through_boto3(
     proxy: FaultProxy,
 ) -> None:

@@ -40,6 +40,9 @@ from cellactors.persistence.s3_direct import DirectS3, ListPage, Unanswered, Und
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+# Answers a proxy may give after it forwarded a request (a timeout, a client that gave up,
+# throttling): the store may have applied it.
+_MAYBE_APPLIED = {408, 429, 499}
 _ERROR_CODE = re.compile(rb"<Code>\s*([A-Za-z0-9.]+)\s*</Code>")
 
 # Raised before a request is sent: no credentials could be found or loaded.
@@ -188,16 +191,18 @@ def _error_code(body: bytes) -> str:
 
 def _judge_cas(key: str, status: int, code: str, guard: Guard) -> Rejected | None:
     """What a conditional PUT's failed answer says: Rejected (its condition failed, nothing
-    was written), None (the request was refused as such: not applied, an error to raise),
-    or :class:`AmbiguousWrite` (a 5xx: it may have been applied)."""
+    was written), :class:`AmbiguousWrite` (it may have been applied: a 5xx, a 2xx that is
+    not a clean success, or a timeout or throttle a proxy may answer after forwarding it),
+    or None: the store refused the request itself (a redirect, a refused signature), so
+    nothing was applied."""
     if status == 412 or code in _REJECT_CODES:
         return Rejected(code or str(status))
     if isinstance(guard, Match) and status == 404:
         # Stores answer If-Match on a missing key with 404 under various codes; either way
         # nothing was written.
         return Rejected("missing")
-    if status >= 500 or status == 0:
-        raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}")
+    if status >= 500 or status < 300 or status in _MAYBE_APPLIED:
+        raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}".rstrip())
     return None
 
 
@@ -314,17 +319,17 @@ class S3Bucket(Bucket):
             except Unanswered as err:
                 raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
             else:
-                code = _error_code(answer.body) if answer.status != 200 else ""
-                if answer.status == 200:
+                if 200 <= answer.status < 300:
                     etag = answer.headers.get("etag")
                     if etag is None:
                         raise AmbiguousWrite(f"conditional PUT {key}: applied without an ETag")
                     return Applied(etag, server_ms=_http_date_ms(answer.headers.get("date")))
-                judged = _judge_cas(key, answer.status, code, guard)
+                judged = _judge_cas(key, answer.status, _error_code(answer.body), guard)
                 if judged is not None:
                     return judged
-                # Any other answer (a redirect, a refusal of the request itself) means it
-                # was not applied: boto3 sends it and raises its classified error.
+                # The store refused the request itself, so nothing was applied: boto3 sends
+                # it and raises its classified error (or succeeds, where this path's
+                # signature was what the store refused).
         options = (
             {"IfNoneMatch": "*"} if condition[0] == "if-none-match" else {"IfMatch": condition[1]}
         )

@@ -16,13 +16,14 @@ answer is not clean (any error, timeout, unexpected status, or a body that is no
 not understood) is not interpreted here: the caller sends it again through boto3, which
 retries, classifies the error and raises as before.
 
-A conditional PUT that has left this process is never sent again
+A conditional PUT is sent again only when it provably was not applied
 (:meth:`DirectS3.put_conditional`): sent again after a store applied it silently, it would
 be refused by its own write and read as lost. So it goes to boto3 only when it never left
-(no connection, a send that failed) or the store refused the request itself (a status that
-means nothing was applied, judged by the bucket); an exchange that breaks after the request
-went out raises :class:`Unanswered`, which the bucket reports as an ambiguous write. Deletes always go through boto3. The fence gate is
-checked before every request, as boto3's hook does.
+(no connection, a send that failed) or when the store refused the request itself (a status
+that means nothing was applied, judged by the bucket); an exchange that breaks after the
+request went out raises :class:`Unanswered`, which the bucket reports as an ambiguous write.
+Deletes always go through boto3. The fence gate is checked before every request, as boto3's
+hook does.
 
 It is used only against an explicit endpoint with path-style addressing (the embedded
 store, SeaweedFS, MinIO, ...) and with no HTTP proxy configured: boto3 handles AWS's own
