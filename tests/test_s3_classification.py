@@ -12,6 +12,7 @@ from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
 from cellactors.persistence.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3, StoredBody, etag_of
+from tests.test_s3_direct import BotoSends
 
 BUCKET = "classify"
 KEY = "cells/Counter:a/own.json"
@@ -23,6 +24,7 @@ def fake_bucket(
 ) -> Iterator[Callable[[str], tuple[FakeS3, S3Bucket]]]:
     """Start a fake in the given mode with one empty bucket; stop them all afterwards."""
     fakes: list[FakeS3] = []
+    sends: list[BotoSends] = []
 
     def make(mode: str) -> tuple[FakeS3, S3Bucket]:
         fake = FakeS3(mode).start()
@@ -32,11 +34,16 @@ def fake_bucket(
         assert bucket._direct is not None
         if request.param == "boto3":
             bucket._direct = None
+        else:  # every conditional PUT must have gone direct: count boto3's
+            sends.append(BotoSends(bucket._cas).__enter__())
         return fake, bucket
 
     yield make
+    for counter in sends:
+        counter.__exit__()
     for fake in fakes:
         fake.stop()
+    assert [counter.count for counter in sends] == [0] * len(sends)
 
 
 def _seed(fake: FakeS3, body: bytes) -> str:

@@ -40,9 +40,10 @@ from cellactors.persistence.s3_direct import DirectS3, ListPage, Unanswered, Und
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
-# Answers a proxy may give after it forwarded a request (a timeout, a client that gave up,
-# throttling): the store may have applied it.
-_MAYBE_APPLIED = {408, 429, 499}
+# Answers by which a store refuses a request as such, before acting on it: a conditional
+# PUT answered so was not applied. Every other answer but a success or a rejection may come
+# after the write was applied (a proxy's timeout, a throttle, a 5xx): ambiguous.
+_REFUSED = {301, 302, 307, 308, 400, 401, 403, 404, 405, 409, 411, 413}
 _ERROR_CODE = re.compile(rb"<Code>\s*([A-Za-z0-9.]+)\s*</Code>")
 
 # Raised before a request is sent: no credentials could be found or loaded.
@@ -191,19 +192,20 @@ def _error_code(body: bytes) -> str:
 
 def _judge_cas(key: str, status: int, code: str, guard: Guard) -> Rejected | None:
     """What a conditional PUT's failed answer says: Rejected (its condition failed, nothing
-    was written), :class:`AmbiguousWrite` (it may have been applied: a 5xx, a 2xx that is
-    not a clean success, or a timeout or throttle a proxy may answer after forwarding it),
-    or None: the store refused the request itself (a redirect, a refused signature), so
-    nothing was applied."""
+    was written), None (the store refused the request itself: a redirect, a refused
+    signature, a missing bucket; nothing was applied, an error to raise), or
+    :class:`AmbiguousWrite` for anything else (a 5xx, a 2xx that is not a clean success, a
+    timeout or throttle a proxy may answer after forwarding the write): it may have been
+    applied."""
     if status == 412 or code in _REJECT_CODES:
         return Rejected(code or str(status))
     if isinstance(guard, Match) and status == 404:
         # Stores answer If-Match on a missing key with 404 under various codes; either way
         # nothing was written.
         return Rejected("missing")
-    if status >= 500 or status < 300 or status in _MAYBE_APPLIED:
-        raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}".rstrip())
-    return None
+    if status in _REFUSED:
+        return None
+    raise AmbiguousWrite(f"conditional PUT {key}: HTTP {status} {code}".rstrip())
 
 
 def _toggle_quotes(token: str) -> str:

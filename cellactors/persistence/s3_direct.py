@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import logging
 import re
 import ssl
 import threading
@@ -53,6 +54,8 @@ from cellactors.persistence.keepalive import (
     Unreadable,
     WireError,
 )
+
+log = logging.getLogger(__name__)
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
 _NO_SUCH_KEY = re.compile(rb"<Code>\s*NoSuchKey\s*</Code>")
@@ -118,7 +121,8 @@ class DirectS3:
         self._signing_key: tuple[tuple[str, str], bytes] | None = None
         #: Conditional PUTs take this path until an answer (of any request) comes back in a
         #: shape :mod:`keepalive` does not read; after that boto3 sends them, so that a store
-        #: whose answers this path cannot read turns at most one write ambiguous.
+        #: whose answers this path cannot read turns only the writes then under way
+        #: ambiguous.
         self.conditional = True
 
     @staticmethod
@@ -234,11 +238,18 @@ class DirectS3:
                 if pooled and condition is not None and conn.looks_closed():
                     conn.close()
                     self.pool.close()
-                    conn, pooled = self.pool.connect(), False
+                    pooled = False
+                    conn = self.pool.connect()
                 answer = conn.exchange(request)
             except WireError as err:
-                if isinstance(err, Unreadable):
+                if isinstance(err, Unreadable) and self.conditional:
                     self.conditional = False
+                    log.warning(
+                        "the store at %s answered %s: conditional PUTs go through boto3 from "
+                        "now on",
+                        self.host,
+                        err,
+                    )
                 if condition is not None and err.sent:
                     raise Unanswered(f"{method} sent, then {err}") from err
                 if pooled and attempt == 1 and (isinstance(err, StaleConnection) or not err.sent):
