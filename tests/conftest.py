@@ -11,6 +11,7 @@ import pytest
 
 from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.s3 import S3Bucket
+from tests.faults.proxy import FaultProxy
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -55,6 +56,21 @@ def make_s3_bucket(endpoint: str, prefix: str = "") -> S3Bucket:
 def sw_bucket(seaweed: SeaweedServer) -> S3Bucket:
     """A fresh bucket on the session's SeaweedFS."""
     return make_s3_bucket(seaweed.endpoint)
+
+
+@pytest.fixture(params=["seaweed", "moto"])
+def s3_endpoint(request: pytest.FixtureRequest) -> str:
+    """The endpoint of a real S3 server: SeaweedFS (which checks signatures), then moto's."""
+    if request.param == "seaweed":
+        return str(request.getfixturevalue("seaweed").endpoint)
+    return str(request.getfixturevalue("moto_server"))
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the session's SeaweedFS."""
+    with FaultProxy(seaweed.endpoint, "unit") as p:
+        yield p
 
 
 # Fixture modules owned by separate areas of the suite.

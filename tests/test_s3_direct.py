@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from cellactors.errors import BucketError
-from cellactors.persistence.embedded import SeaweedServer
 from cellactors.persistence.gate import Fenced, GatedBucket
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
@@ -57,22 +55,8 @@ class BotoSends:
         self.client.meta.events.unregister("before-send.s3", self)
 
 
-@pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
-    with FaultProxy(seaweed.endpoint, "direct") as p:
-        yield p
-
-
-@pytest.mark.parametrize("store", ["seaweed", "moto"])
-def test_direct_requests_verify_on_real_stores_and_bypass_boto3(
-    store: str, request: pytest.FixtureRequest
-) -> None:
-    endpoint = (
-        request.getfixturevalue("seaweed").endpoint
-        if store == "seaweed"
-        else request.getfixturevalue("moto_server")
-    )
-    bucket = make_s3_bucket(endpoint, prefix="fleet")
+def test_direct_requests_verify_on_real_stores_and_bypass_boto3(s3_endpoint: str) -> None:
+    bucket = make_s3_bucket(s3_endpoint, prefix="fleet")
     assert bucket._direct is not None
     with BotoSends(bucket._plain) as sends:
         for n, key in enumerate(KEYS):
@@ -318,14 +302,9 @@ def test_a_listing_that_is_not_clean_is_never_taken(body: bytes) -> None:
         store.close()
 
 
-@pytest.mark.parametrize("store", ["seaweed", "moto"])
-def test_direct_listings_page_like_boto3(store: str, request: pytest.FixtureRequest) -> None:
-    endpoint = (
-        request.getfixturevalue("seaweed").endpoint
-        if store == "seaweed"
-        else request.getfixturevalue("moto_server")
-    )
-    bucket = make_s3_bucket(endpoint, prefix="fleet")
+def test_direct_listings_page_like_boto3(s3_endpoint: str, request: pytest.FixtureRequest) -> None:
+    store = request.node.callspec.params["s3_endpoint"]  # "seaweed" or "moto"
+    bucket = make_s3_bucket(s3_endpoint, prefix="fleet")
     names = [*KEYS, *(f"cells/Counter:{n}/own.json" for n in range(7))]
     for key in names:
         bucket.put(key, b"x" * len(key))
