@@ -154,12 +154,16 @@ def test_a_direct_request_that_hangs_is_abandoned_at_the_timeout(proxy: FaultPro
         ("list", "GET", lambda: [info.key for info in bucket.list("k/")] == ["k/slow"]),
     ):
         key = "^k/$" if kind == "list" else "^k/slow$"
+        before = len(proxy.requests(method=method, key=key))
         rule = proxy.hang(method=method, key=key, kind=kind, times=1)
         with BotoSends(bucket._plain) as sends:
             assert call()
-        assert rule.applied == 1 and sends.count == 1
-        tried = proxy.requests(method=method, key=key)[-2:]
-        assert [(r.action, r.status) for r in tried] == [("hang", None), ("forward", 200)]
+        # The direct attempt hung and was never answered; then boto3 sent it (a connection
+        # boto3 finds closed may cost it a retry of its own) and was answered.
+        tried = proxy.requests(method=method, key=key)[before:]
+        assert rule.applied == 1 and sends.count >= len(tried) - 1 >= 1
+        assert (tried[0].action, tried[0].status) == ("hang", None)
+        assert (tried[-1].action, tried[-1].status) == ("forward", 200)
         rule.release()
     got = bucket.get("k/slow")
     assert got is not None and got.body == b"v1"

@@ -633,7 +633,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _forward(self, body: bytes) -> _Upstream:
         """Send the request as received to the store; one fresh retry when a reused
-        keep-alive connection turns out to be closed (nothing was answered on it)."""
+        keep-alive connection turns out to be closed (nothing was answered on it). A
+        conditional request always goes on a fresh connection, so it is never sent twice:
+        the store may have applied it before the connection broke."""
+        if self._conn is not None and (
+            "If-Match" in self.headers or "If-None-Match" in self.headers
+        ):
+            self._conn.close()
+            self._conn = None
         for attempt in (1, 2):
             reused = self._conn is not None
             if self._conn is None:
