@@ -8,8 +8,10 @@ does just that on a plain (or TLS) socket, at about half the CPU of :mod:`http.c
 
 It is strict rather than general: an answer it does not fully understand (no declared
 length, a transfer encoding, an interim ``1xx``, bytes beyond the body, a header block
-larger than :data:`MAX_HEAD`) raises :class:`WireError` and its connection is closed. The
-direct path then sends the request again through boto3, so nothing here ever has to guess.
+larger than :data:`MAX_HEAD`) raises :class:`Unreadable` and its connection is closed, so
+nothing here ever has to guess. Every failure says whether the request wholly left
+(``WireError.sent``): the direct path sends a GET, a listing or a plain PUT again through
+boto3 either way, but a conditional PUT only if it never left; after that it is ambiguous.
 """
 
 from __future__ import annotations
