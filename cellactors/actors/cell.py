@@ -243,7 +243,6 @@ class CellActor(pykka.ThreadingActor):
     _runtime: CellRuntime | None = None
     _chain: tuple[str, ...] = ()
     _in_txn: bool = False
-    _read_only_txn: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -402,15 +401,16 @@ class CellActor(pykka.ThreadingActor):
         of one); ``writing`` (setting an alarm, sending a message) not in a read-only one."""
         if not self._in_txn:
             raise RuntimeError("alarms and messages can only be used inside a cell's method")
-        if writing and self._read_only_txn:
+        database = self._require_runtime().database
+        if writing and database.read_only:
             raise RuntimeError("a read-only method cannot set alarms or send messages")
-        return self._require_runtime().database
+        return database
 
     def _call_out(
         self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], key: str | None
     ) -> Any:
         rt = self._require_runtime()
-        if self._read_only_txn:
+        if rt.database.read_only:
             raise RuntimeError("a read-only method cannot call other cells")
         if rt.services is None:
             raise RuntimeError("this cell runs without a node: it cannot call other cells")
@@ -434,12 +434,10 @@ class CellActor(pykka.ThreadingActor):
         rt = self._require_runtime()
         rt.database.tables.touched = False
         self._in_txn = True
-        self._read_only_txn = read_only
         try:
             return rt.database.run(fn, check, on_write, read_only=read_only)
         finally:
             self._in_txn = False
-            self._read_only_txn = False
 
     def _commit(self, changes: TxnChanges, outcome: Outcome) -> None:
         """Hand a committed transaction to the replicator, with its new wake state when it

@@ -135,7 +135,9 @@ class CellDatabase:
         self.db._supports_on_conflict = True
         self._refusal: str | None = None
         self._runtime_writing = False
-        self._read_only = False  # set while a read-only method runs (the authorizer reads it)
+        #: True while a read-only method's code runs: the authorizer refuses its writes, and
+        #: the cell refuses its alarms, messages and calls to other cells.
+        self.read_only = False
         #: Called first by :meth:`close`: the cell's gate, which waits for a call running in
         #: another thread, so that no SQL ever runs on a closed connection.
         self.before_close: Callable[[], None] | None = None
@@ -175,7 +177,7 @@ class CellDatabase:
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_rest: object) -> int:
         if self._runtime_writing:
             return sqlite3.SQLITE_OK
-        if self._read_only and _read_only_refusal(action, arg1, arg2):
+        if self.read_only and _read_only_refusal(action, arg1, arg2):
             self._refusal = "a read-only method may not write"
             return sqlite3.SQLITE_DENY
         reason = _DENIED.get(action)
@@ -210,13 +212,13 @@ class CellDatabase:
         try:
             self._refusal = None
             before = conn.total_changes
-            self._read_only = read_only
+            self.read_only = read_only
             conn.set_authorizer(self._authorize)
             try:
                 result = fn()
             finally:
                 _clear_authorizer(conn)
-                self._read_only = False
+                self.read_only = False
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
             seen = capture.schema_version(conn)
