@@ -314,24 +314,9 @@ class S3Bucket(Bucket):
         """Send the conditional PUT exactly once and classify its answer: Applied, Rejected,
         or :class:`AmbiguousWrite` when the store may have applied it."""
         if self._direct is not None:
-            try:
-                answer = self._direct.put_conditional(self.bucket, self._key(key), body, condition)
-            except Undecided:
-                pass  # it never left: boto3 sends it and classifies what comes back
-            except Unanswered as err:
-                raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-            else:
-                if 200 <= answer.status < 300:
-                    etag = answer.headers.get("etag")
-                    if etag is None:
-                        raise AmbiguousWrite(f"conditional PUT {key}: applied without an ETag")
-                    return Applied(etag, server_ms=_http_date_ms(answer.headers.get("date")))
-                judged = _judge_cas(key, answer.status, _error_code(answer.body), guard)
-                if judged is not None:
-                    return judged
-                # The store refused the request itself, so nothing was applied: boto3 sends
-                # it and raises its classified error (or succeeds, where this path's
-                # signature was what the store refused).
+            result = self._put_conditional_direct(self._direct, key, body, condition, guard)
+            if result is not None:
+                return result
         options = (
             {"IfNoneMatch": "*"} if condition[0] == "if-none-match" else {"IfMatch": condition[1]}
         )
@@ -353,6 +338,25 @@ class S3Bucket(Bucket):
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
         date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
         return Applied(str(resp["ETag"]), server_ms=_http_date_ms(date))
+
+    def _put_conditional_direct(
+        self, direct: DirectS3, key: str, body: bytes, condition: tuple[str, str], guard: Guard
+    ) -> CasResult | None:
+        """The conditional PUT on the direct path; None when boto3 is to send it: it never
+        left, or the store refused the request itself (nothing was applied; boto3 raises the
+        classified error, or succeeds where this path's signature was what was refused)."""
+        try:
+            answer = direct.put_conditional(self.bucket, self._key(key), body, condition)
+        except Undecided:
+            return None
+        except Unanswered as err:
+            raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
+        if not 200 <= answer.status < 300:
+            return _judge_cas(key, answer.status, _error_code(answer.body), guard)
+        etag = answer.headers.get("etag")
+        if etag is None:
+            raise AmbiguousWrite(f"conditional PUT {key}: applied without an ETag")
+        return Applied(etag, server_ms=_http_date_ms(answer.headers.get("date")))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         for page in self._pages(prefix, self._key(prefix)):
