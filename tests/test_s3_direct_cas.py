@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import resource
 import socket
+from typing import Any
 
 import pytest
 
 from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
 from cellactors.persistence.gate import Fenced, GatedBucket
-from cellactors.persistence.keepalive import Connection
+from cellactors.persistence.keepalive import Connection, StaleConnection
 from cellactors.persistence.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
@@ -211,3 +212,38 @@ def test_an_idle_connection_is_seen_closed_past_descriptor_1024() -> None:
         for sock in (*filler, ours, peer):
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("sent", [False, True])
+def test_a_broken_pooled_connection_resends_only_what_never_left(
+    monkeypatch: pytest.MonkeyPatch, sent: bool
+) -> None:
+    # The first exchange on a pooled connection fails. If the request never wholly left
+    # (its send failed), it goes out once on a new connection and is applied; if it left,
+    # the write is ambiguous and nothing is sent again.
+    store = RawServer(OK_HEAD + b"Content-Length: 0\r\n\r\n")
+    try:
+        bucket = S3Bucket("b", endpoint=store.url, access_key="k", secret_key="s", timeout=2.0)
+        direct = bucket._direct
+        assert direct is not None
+        pooled = direct.pool.connect()
+        direct.pool.give(pooled)
+
+        def broken(request: bytes) -> Any:
+            pooled.close()
+            raise StaleConnection("send failed: [Errno 32] Broken pipe", sent=sent)
+
+        monkeypatch.setattr(pooled, "exchange", broken)
+        monkeypatch.setattr(pooled, "looks_closed", lambda: False)  # it breaks at the send
+        with BotoSends(bucket._cas) as boto:
+            if sent:
+                with pytest.raises(AmbiguousWrite, match="sent, then"):
+                    bucket.put_cas(KEY, b"v1", Absent())
+            else:
+                assert isinstance(bucket.put_cas(KEY, b"v1", Absent()), Applied)
+        assert boto.count == 0  # resent on the direct path's own new connection
+        # (The pooled connection, closed unused, reached the store as an empty request.)
+        sends = [line.split()[0] for line, _, _ in store.requests if line]
+        assert sends == ([] if sent else [b"PUT"])
+    finally:
+        store.close()
