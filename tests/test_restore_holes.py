@@ -9,7 +9,6 @@ import concurrent.futures
 import contextlib
 import re
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -184,11 +183,13 @@ def test_a_store_error_on_the_tail_batch_fails_instead_of_sealing_below_it(
 
 
 class SlowFailingGets:
-    """GETs that take 50 ms each, but the first key's fails at once like a store error, so
-    the reader stops long before the other reads end. Counts them."""
+    """GETs that wait until ``release`` (a store slower than any reader), but the first
+    key's fails at once like a store error, so the reader stops while the other reads are
+    still under way. Counts them."""
 
     def __init__(self) -> None:
         self.gets = 0
+        self.release = threading.Event()
         self._lock = threading.Lock()
 
     def get(self, key: str) -> StoredObject | None:
@@ -196,7 +197,7 @@ class SlowFailingGets:
             self.gets += 1
         if key == "k0":
             raise BucketError("GET k0 failed: HTTP 500 (test)")
-        time.sleep(0.05)  # the store's latency, not a synchronisation
+        self.release.wait(10)
         return StoredObject(body=b"x", token='"e"')
 
 
@@ -206,12 +207,15 @@ def test_reads_queued_for_a_restore_that_failed_are_cancelled_not_sent() -> None
     store = SlowFailingGets()
     pool = concurrent.futures.ThreadPoolExecutor(4)
     keys_in_order = [f"k{i}" for i in range(200)]
-    with (
-        pytest.raises(BucketError, match="k0"),
-        contextlib.closing(fetch_bodies(store, keys_in_order, window=64, pool=pool)) as bodies,  # type: ignore[arg-type]
-    ):
-        for _body in bodies:
-            pass
+    try:
+        with (
+            pytest.raises(BucketError, match="k0"),
+            contextlib.closing(fetch_bodies(store, keys_in_order, window=64, pool=pool)) as bodies,  # type: ignore[arg-type]
+        ):
+            for _body in bodies:
+                pass
+    finally:
+        store.release.set()  # the reads under way end only now, after the reader closed
     pool.shutdown(wait=True)
     # The 4 reads under way when it failed, and the one the failed read's worker took
     # next; without the cancel every queued read (64) is sent.
