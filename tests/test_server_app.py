@@ -941,6 +941,33 @@ def test_port_in_use_exits_1() -> None:
         assert runner.run(install_signals=False) == 1
 
 
+def test_reserved_sockets_are_served_as_they_are() -> None:
+    # serve binds its addresses before touching the store; the servers must listen on those
+    # very sockets, or another process may take a port between the check and the serving.
+    reserved = {"public": socket.socket(), "internal": socket.socket()}
+    for sock in reserved.values():
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+    public, internal = (reserved[w].getsockname() for w in ("public", "internal"))
+    runner = Runner(FakeNode(), KEY, public=public, internal=internal, sockets=reserved)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(runner.run(install_signals=False)))
+    thread.start()
+    try:
+        assert runner.ready.wait(WAIT)
+        assert (runner.public_address, runner.internal_address) == (public, internal)
+        for sock in reserved.values():
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        with httpx.Client(timeout=WAIT) as client:
+            assert client.get("http://{}:{}/healthz".format(*public)).status_code == 200
+    finally:
+        runner.request_stop()
+        thread.join(WAIT)
+        for sock in reserved.values():
+            sock.close()
+    assert result == [0]
+
+
 def test_app_builders_refuse_a_short_key() -> None:
     with pytest.raises(ValueError, match="32 bytes"):
         build_public_app(FakeNode(), b"short")

@@ -88,7 +88,7 @@ def _check_ports(ports: list[tuple[int, int]]) -> None:
             held = reserve(Listeners(pub, intl, intl))
         except ListenerUnavailable as err:
             raise CommandFailed(str(err), EXIT_ADDRESS_IN_USE) from err
-        for sock in held:
+        for sock in held.values():
             sock.close()
 
 

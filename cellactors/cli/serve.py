@@ -7,7 +7,8 @@ internal listeners until SIGTERM (drain, exit 0) or a self-fence (``SELF-FENCE:`
 exit 3). Every flag can also be set as ``CELLACTORS_<FLAG>``.
 
 The listen addresses are bound (and held, without listening) before the store is touched,
-so a port in use fails at once (exit 6) without a bucket write. Exit codes (docs/cli.md):
+so a port in use fails at once (exit 6) without a bucket write; the servers then listen on
+those same sockets. Exit codes (docs/cli.md):
 0 stopped cleanly, 1 unexpected failure, 2 bad configuration or an unusable store (one
 that fails the probe included), 3 self-fenced, 4 no usable store credentials, 5 store
 unreachable, 6 a listen address cannot be bound.
@@ -154,12 +155,16 @@ def plan_listeners(listen: str, internal_listen: str | None, advertise: str | No
     return Listeners(public, internal, adv)
 
 
-def reserve_listeners(listeners: Listeners) -> list[socket.socket]:
+def reserve_listeners(listeners: Listeners) -> dict[str, socket.socket]:
     """Bind both listen addresses without listening, so a port in use fails before the store
-    starts; the caller closes the sockets just before the servers bind (SO_REUSEADDR, as
-    uvicorn binds). Port 0 is skipped: any free port will do."""
-    held: list[socket.socket] = []
-    for flag, addr in (("--listen", listeners.public), ("--internal-listen", listeners.internal)):
+    starts; the servers then listen on these very sockets (``"public"``, ``"internal"``),
+    so no other process can take a port between the check and the serving. Port 0 is
+    skipped: the server binds any free port itself."""
+    held: dict[str, socket.socket] = {}
+    for which, flag, addr in (
+        ("public", "--listen", listeners.public),
+        ("internal", "--internal-listen", listeners.internal),
+    ):
         if addr.port == 0:
             continue
         try:
@@ -174,11 +179,11 @@ def reserve_listeners(listeners: Listeners) -> list[socket.socket]:
                 sock.close()
                 raise
         except OSError as err:
-            for other in held:
+            for other in held.values():
                 other.close()
             reason = err.strerror or str(err)
             raise ListenerUnavailable(f"{flag} {addr}: cannot listen there: {reason}") from err
-        held.append(sock)
+        held[which] = sock
     return held
 
 
@@ -448,7 +453,7 @@ def _run(
     embedded: SeaweedServer | None = None
     bucket: Bucket | None = None
     node: Node | None = None
-    held: list[socket.socket] = []
+    held: dict[str, socket.socket] = {}
     code: int = EXIT_OK
     try:
         with _startup_signals():
@@ -473,8 +478,6 @@ def _run(
             max_body_bytes=max_body_bytes, call_timeout=settings.call_timeout
         )
         public, internal = listeners.public, listeners.internal
-        for sock in held:  # the servers bind these addresses now
-            sock.close()
         code = serve_node(
             node,
             key,
@@ -482,6 +485,7 @@ def _run(
             internal=(internal.host, internal.port),
             settings=server_settings,
             fence=latch,
+            sockets=held,
         )
     except ListenerUnavailable as err:
         click.echo(f"error: {err}", err=True)
@@ -500,7 +504,7 @@ def _run(
         click.echo(f"error: {failed}", err=True)
         code = failed.code
     finally:
-        for sock in held:
+        for sock in held.values():
             sock.close()
         if node is not None:
             try:

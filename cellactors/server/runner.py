@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TextIO
 
 import uvicorn
@@ -90,10 +91,11 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def _serve_one(server: _Server) -> int:
-    """Serve until told to exit; uvicorn exits the process on bind failure, catch that."""
+async def _serve_one(server: _Server, sock: socket.socket | None) -> int:
+    """Serve until told to exit, on ``sock`` if given (bound already), else on the
+    config's address; uvicorn exits the process on bind failure, catch that."""
     try:
-        await server.serve()
+        await server.serve(sockets=None if sock is None else [sock])
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_ERROR
     return EXIT_OK
@@ -113,6 +115,7 @@ class Runner:
         fence: FenceLatch | None = None,
         fence_stream: TextIO | None = None,
         access_log: bool = False,
+        sockets: Mapping[str, socket.socket] | None = None,
     ) -> None:
         self.node = node
         self.settings = settings or ServerSettings()
@@ -131,6 +134,9 @@ class Runner:
         self.public_app = build_public_app(node, fleet_key, self.settings)
         self.internal_app = build_internal_app(node, fleet_key, self.settings)
         self._binds = {"public": public, "internal": internal}
+        #: Sockets bound already (``"public"``, ``"internal"``): served as they are, so the
+        #: address checked free at start-up cannot be taken before the server listens.
+        self._sockets = dict(sockets or {})
         self._access_log = access_log
         self.ready = threading.Event()  # set once both listeners accept connections
         self.public_address: tuple[str, int] | None = None
@@ -212,7 +218,10 @@ class Runner:
             if self._stop_requests > 1:
                 for server in self._servers:
                     server.force_exit = True
-        tasks = [asyncio.create_task(_serve_one(s)) for s in self._servers]
+        tasks = [
+            asyncio.create_task(_serve_one(server, self._sockets.get(which)))
+            for which, server in zip(("public", "internal"), self._servers, strict=True)
+        ]
         while not all(s.started for s in self._servers):
             if any(t.done() for t in tasks):
                 log.error("a listener failed to start")
@@ -299,6 +308,7 @@ def serve_node(
     *,
     fence: FenceLatch | None = None,
     install_signals: bool = True,
+    sockets: Mapping[str, socket.socket] | None = None,
 ) -> int:
     """Serve ``node`` until SIGTERM (drain, exit 0) or self-fence (exit 3); the exit code.
 
@@ -306,6 +316,12 @@ def serve_node(
     itself; without one the runner still notices ``node.status == "fenced"`` by polling.
     """
     runner = Runner(
-        node, fleet_key, public=public, internal=internal, settings=settings, fence=fence
+        node,
+        fleet_key,
+        public=public,
+        internal=internal,
+        settings=settings,
+        fence=fence,
+        sockets=sockets,
     )
     return runner.run(install_signals=install_signals)
