@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cellactors.actors.cell_gate import CellInbox, ExecGate
 
 
@@ -59,3 +61,47 @@ def test_a_failing_message_still_counts_as_handled() -> None:
     except ValueError:
         pass
     assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is True
+
+
+def test_the_inbox_starts_its_thread_with_the_first_message_only() -> None:
+    inbox = CellInbox()
+    starts: list[int] = []
+    inbox.start_on_first_put(lambda: starts.append(inbox.qsize()))
+    assert starts == []  # armed: nothing runs until a message comes
+    inbox.put("first")
+    inbox.put("second")
+    assert starts == [0]  # once, before the first message was queued
+    assert [inbox.get(), inbox.get()] == ["first", "second"]
+
+
+def test_a_thread_that_cannot_start_queues_nothing_and_the_next_message_tries_again() -> None:
+    inbox = CellInbox()
+    tries: list[str] = []
+
+    def start() -> None:
+        tries.append("start")
+        if len(tries) == 1:
+            raise RuntimeError("can't start new thread")
+
+    inbox.start_on_first_put(start)
+    with pytest.raises(RuntimeError):
+        inbox.put("lost")
+    assert inbox.qsize() == 0  # its sender is told it was not sent
+    inbox.put("next")
+    assert tries == ["start", "start"] and inbox.get() == "next"
+
+
+def test_a_message_queued_before_the_inbox_is_armed_starts_the_thread_at_once() -> None:
+    inbox = CellInbox()
+    inbox.put("early")
+    starts: list[str] = []
+    inbox.start_on_first_put(lambda: starts.append("start"))
+    assert starts == ["start"]
+
+
+def test_nobody_runs_inline_while_the_cell_is_being_opened() -> None:
+    _, gate, ran = _gate()
+    with gate.opening():
+        assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is False
+    assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is True
+    assert ran == ["read"]  # opening is not a message: it leaves the cell idle after it

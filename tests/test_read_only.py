@@ -15,6 +15,7 @@ import pytest
 
 import cellactors
 from cellactors import CellActor, Node, read_only
+from cellactors.actors import node as node_module
 from cellactors.actors.messages import Invoke
 from cellactors.errors import (
     FAILED,
@@ -200,6 +201,27 @@ def test_a_read_only_method_raising_systemexit_fails_the_call_not_the_caller(
 def test_an_idle_cell_answers_a_read_only_call_in_the_callers_thread(node: Node) -> None:
     node.call("Reads", "a", "put", {"k": "a", "v": 1})
     assert node.call("Reads", "a", "where") == threading.get_ident()
+
+
+def cell_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Cell actor threads of ``Reads`` started since ``before`` was taken."""
+    return [t for t in threading.enumerate() if t not in before and t.name.startswith("Reads-")]
+
+
+def test_a_cell_only_read_holds_no_thread_until_its_first_write(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    before = set(threading.enumerate())
+    # Activated by a read: on_activate (which creates the table) runs in the activating
+    # thread, the read in this one; the idle trim runs in the node's reaper.
+    assert node.call("Reads", "a", "where") == threading.get_ident()
+    active = node._hosts["Reads:a"].active
+    assert active is not None
+    eventually(lambda: active.runtime.database.trims == 1, timeout=5)
+    assert cell_threads(before) == []
+    assert node.call("Reads", "a", "put", {"k": "a", "v": 1}) == 1
+    assert len(cell_threads(before)) == 1  # a write goes through the mailbox: it starts one
 
 
 def test_a_busy_cell_takes_the_read_only_call_in_its_own_thread(node: Node) -> None:

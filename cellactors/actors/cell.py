@@ -7,8 +7,10 @@ The caller's answer is held until every transaction committed before it is durab
 bucket (see :mod:`cellactors.actors.replicator`).
 
 Lifecycle of an activation: the ownership actor acquires the cell and restores its database,
-then starts the actor and sends :class:`~cellactors.actors.messages.Open`, which runs
-:meth:`CellActor.on_activate` in a transaction; calls queued behind it run next.
+then creates the actor (:meth:`CellActor.start_unopened`) and opens it in the activating thread
+(:meth:`CellActor.open_here`), which runs :meth:`CellActor.on_activate` in a transaction before
+anyone else holds the cell. The actor's thread starts with its first message: a cell whose
+calls all run inline (read-only calls on an idle cell) never starts one.
 
 A call may carry an idempotency key (see :mod:`cellactors.persistence.calls`): a keyed call
 that writes is recorded in the same transaction; a later call with that key is answered
@@ -45,10 +47,8 @@ from cellactors.actors.messages import (
     DropOutbox,
     FireAlarm,
     Invoke,
-    Open,
     ReadOutbox,
     TakeImage,
-    TrimMemory,
 )
 from cellactors.core import alarms
 from cellactors.errors import (
@@ -147,6 +147,9 @@ class CellRuntime:
     #: Runs a call to a read-only method in the calling thread when the cell is idle
     #: (set by the cell when it opens; see :func:`read_only`). False: send it instead.
     run_inline: Callable[[Invoke], bool] | None = None
+    #: Hands the database's caches back in the calling thread if the cell is idle (set
+    #: when it opens). False: it is not idle, and nothing was done.
+    trim_if_idle: Callable[[], bool] | None = None
 
 
 def class_name(cls: type[CellActor] | str) -> str:
@@ -254,6 +257,37 @@ class CellActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> CellInbox:
         return CellInbox()
 
+    @classmethod
+    def start_unopened(cls) -> CellActor:
+        """Create and register a cell actor and return the actor itself, for the activating
+        thread to open with :meth:`open_here` before it hands out the ref. Its thread
+        starts with its first message."""
+        actor = cls()
+        pykka.ActorRegistry.register(actor.actor_ref)
+        actor._start_actor_loop()
+        return actor
+
+    def _start_actor_loop(self) -> None:
+        cast(CellInbox, self.actor_inbox).start_on_first_put(super()._start_actor_loop)
+
+    def open_here(self, runtime: CellRuntime) -> alarms.WakeState:
+        """Attach the activation's runtime and run ``on_activate``, in the calling thread
+        and under the cell's lock; the alarm and outbox state it leaves (the node mirrors it
+        in wake entries). Its failure fails the activation."""
+        with self.__gate.opening():
+            self._runtime = runtime
+            self.db = runtime.database.db
+            self.cell_id = runtime.cell_id
+            self.name = runtime.name
+            reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            self._chain = (self.cell_id,)
+            self._transact(self.on_activate, (), {}, reply)
+            reply.get()
+            runtime.run_inline = self._run_inline
+            runtime.trim_if_idle = self._trim_if_idle
+            runtime.database.before_close = self.__gate.close
+            return runtime.database.tables.state()
+
     def on_activate(self) -> None:
         """Runs once per activation, inside a transaction, before any call."""
 
@@ -357,6 +391,11 @@ class CellActor(pykka.ThreadingActor):
         run, send it to the mailbox. The answer is held like any other (``msg.reply``)."""
         return self.__gate.run_if_idle(lambda: self._invoke_inline(msg), self.actor_stopped.is_set)
 
+    def _trim_if_idle(self) -> bool:
+        """Hand the database's caches back in the calling thread, if the cell is idle."""
+        rt = self._require_runtime()
+        return self.__gate.run_if_idle(rt.database.trim, self.actor_stopped.is_set)
+
     def _invoke_inline(self, msg: Invoke) -> None:
         try:
             self._invoke(msg)
@@ -371,17 +410,11 @@ class CellActor(pykka.ThreadingActor):
         if isinstance(message, Invoke):
             self._invoke(message)
             return None
-        if isinstance(message, Open):
-            return self._open(message.runtime)
         if isinstance(message, TakeImage):
             rt = self._require_runtime()
             return (rt.next_txid - 1, rt.database.image())
         if isinstance(message, FireAlarm):
             self._fire(message)
-            return None
-        if isinstance(message, TrimMemory):
-            if self._runtime is not None:
-                self._runtime.database.trim()
             return None
         if isinstance(message, ReadOutbox):
             rt = self._require_runtime()
@@ -517,21 +550,6 @@ class CellActor(pykka.ThreadingActor):
             outcome.error = err
         rt.channel.hold(outcome)
         rt.channel.note_progress()
-
-    def _open(self, runtime: CellRuntime) -> alarms.WakeState:
-        """Take the activation's runtime and run ``on_activate``; the alarm and outbox state
-        it leaves (the node mirrors it in wake entries)."""
-        self._runtime = runtime
-        self.db = runtime.database.db
-        self.cell_id = runtime.cell_id
-        self.name = runtime.name
-        reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-        self._chain = (self.cell_id,)
-        self._transact(self.on_activate, (), {}, reply)
-        reply.get()  # on_activate failures fail the activation
-        runtime.run_inline = self._run_inline
-        runtime.database.before_close = self.__gate.close
-        return runtime.database.tables.state()
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started = True

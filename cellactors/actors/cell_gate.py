@@ -9,6 +9,9 @@ message in hand (taken, waiting for the lock) is never overtaken.
 
 Closing is the gate's last act: :meth:`ExecGate.close` waits for the caller running inside,
 and nothing runs after it. The cell's database is closed only after it.
+
+A cell's thread starts with its first message (:meth:`CellInbox.start_on_first_put`): a cell
+that is opened in the activating thread and then only read, inline, never needs one.
 """
 
 from __future__ import annotations
@@ -21,11 +24,33 @@ from typing import Any
 
 
 class CellInbox(queue.Queue[Any]):
-    """A cell actor's mailbox: a FIFO queue that counts the messages taken from it."""
+    """A cell actor's mailbox: a FIFO queue that counts the messages taken from it, and
+    that can start the thread which takes them when the first one arrives."""
 
     def _init(self, maxsize: int) -> None:
         super()._init(maxsize)
         self.taken = 0
+        self._starter: Callable[[], None] | None = None
+        self._starting = threading.Lock()
+
+    def start_on_first_put(self, starter: Callable[[], None]) -> None:
+        """Run ``starter`` (which starts the thread taking from this inbox) before the
+        first message is queued; at once if one is queued already."""
+        self._starter = starter
+        if self.qsize():
+            self._start()
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if self._starter is not None:
+            self._start()  # raises when no thread can start: the message is not queued
+        super().put(item, block, timeout)
+
+    def _start(self) -> None:
+        with self._starting:
+            starter = self._starter
+            if starter is not None:
+                starter()
+                self._starter = None
 
     def _get(self) -> Any:
         self.taken += 1  # under the queue's own mutex, like every _get
@@ -49,6 +74,13 @@ class ExecGate:
                 yield
             finally:
                 self._finished += 1
+
+    @contextmanager
+    def opening(self) -> Iterator[None]:
+        """The activating thread, around the cell's activation: it runs before any call can
+        reach the cell, but a message from the runtime (a snapshot's image) waits for it."""
+        with self._lock:
+            yield
 
     def run_if_idle(self, fn: Callable[[], None], stopped: Callable[[], bool]) -> bool:
         """Run ``fn`` in this thread if the cell is idle and open (``stopped()`` false);

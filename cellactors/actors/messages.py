@@ -45,11 +45,6 @@ class FireAlarm:
 
 
 @dataclass
-class TrimMemory:
-    """The cell has been idle a while: hand its SQLite caches back (``PRAGMA
-    shrink_memory``), so that a resident idle cell holds less memory. Not a use."""
-
-
 @dataclass
 class ReadOutbox:
     """Ask the cell for its undelivered outbox messages (oldest first) and its acked txid."""
@@ -62,13 +57,6 @@ class DropOutbox:
 
     seqs: list[int]
     reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
-
-
-@dataclass
-class Open:
-    """First message of an activation: attach the runtime and run ``on_activate``."""
-
-    runtime: Any  # CellRuntime; typed loosely to avoid an import cycle
 
 
 @dataclass

@@ -7,7 +7,6 @@ each has its own data directory, lease and actors.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import tempfile
@@ -25,7 +24,7 @@ from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor
-from cellactors.actors.messages import FireAlarm, Invoke, TrimMemory, ask_method
+from cellactors.actors.messages import FireAlarm, Invoke, ask_method
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
@@ -823,9 +822,10 @@ class Node:
                     cid for cid, d in self._dormant.items() if now - d.last_used > release_after
                 ]
             for active in trim:
-                active.runtime.trimmed_for = active.runtime.last_used
-                with contextlib.suppress(pykka.ActorDeadError):
-                    active.cell.tell(TrimMemory())
+                rt = active.runtime
+                used = rt.last_used
+                if rt.trim_if_idle is not None and rt.trim_if_idle():
+                    rt.trimmed_for = used
             for cid, idle_for in idle:
                 if self.status != "serving":
                     return

@@ -13,13 +13,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pykka
 
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
-from cellactors.actors.messages import Flush, Kick, Open, ask_attribute
+from cellactors.actors.messages import Flush, Kick, ask_attribute
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
@@ -232,7 +232,8 @@ class OwnershipActor(PooledActor):
         worker = SnapshotWorker(
             self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s
         )
-        cell = self.cls.start()
+        actor = self.cls.start_unopened()
+        cell = actor.actor_ref
         replicator: pykka.ActorRef[Any] | None = None
         try:
             replicator, _ = Replicator.start_with(
@@ -251,7 +252,7 @@ class OwnershipActor(PooledActor):
             )
             channel.on_commit = functools.partial(replicator.tell, Kick())
             with self.pool.blocking():  # on_activate may activate another cell
-                wakes = cast(WakeState, cell.ask(Open(runtime), timeout=self.deadline_s + 5))
+                wakes = actor.open_here(runtime)
         except BaseException as err:
             cell.stop(block=False)
             if replicator is not None:
