@@ -105,3 +105,13 @@ def test_nobody_runs_inline_while_the_cell_is_being_opened() -> None:
         assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is False
     assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is True
     assert ran == ["read"]  # opening is not a message: it leaves the cell idle after it
+
+
+def test_an_inbox_without_a_thread_may_handle_a_message_itself() -> None:
+    inbox = CellInbox()
+    starts: list[str] = []
+    inbox.start_on_first_put(lambda: starts.append("start"), lambda item: item == "stop")
+    inbox.put("stop")  # handled in the sender's thread: no thread, nothing queued
+    assert starts == [] and inbox.qsize() == 0
+    inbox.put("write")
+    assert starts == ["start"] and inbox.get() == "write"

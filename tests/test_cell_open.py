@@ -90,7 +90,11 @@ def test_a_cell_that_gets_no_message_never_starts_a_thread(tmp_path: Path) -> No
         assert rt.trim_if_idle is not None and rt.trim_if_idle()  # the reaper's trim, inline
         assert rt.database.trims == 1
         assert own_threads(actor) == []
+        assert actor.actor_ref.stop() is True  # stopped right here, as a fence stops cells
+        assert own_threads(actor) == [] and not actor.actor_ref.is_alive()
+        assert rt.trim_if_idle() is False  # its gate is closed: nothing runs inline after
+        with pytest.raises(pykka.ActorDeadError):
+            actor.actor_ref.ask(TakeImage())
     finally:
-        actor.actor_ref.stop()  # the stop is a message: it starts the thread to stop it
+        actor.actor_ref.stop()
         rt.database.close()
-    assert not actor.actor_ref.is_alive()

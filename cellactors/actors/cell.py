@@ -268,7 +268,18 @@ class CellActor(pykka.ThreadingActor):
         return actor
 
     def _start_actor_loop(self) -> None:
-        cast(CellInbox, self.actor_inbox).start_on_first_put(super()._start_actor_loop)
+        inbox = cast(CellInbox, self.actor_inbox)
+        inbox.start_on_first_put(super()._start_actor_loop, self._stop_unstarted)
+
+    def _stop_unstarted(self, envelope: Any) -> bool:
+        """A stop that finds the cell's thread never started stops the cell right here:
+        stopping thousands of idle cells at once (a fence) starts no thread."""
+        if not isinstance(getattr(envelope, "message", None), pykka.messages._ActorStop):
+            return False
+        self._stop()  # pykka's own stop: unregistered, marked stopped, on_stop (the gate)
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(None)
+        return True
 
     def open_here(self, runtime: CellRuntime) -> alarms.WakeState:
         """Attach the activation's runtime and run ``on_activate``, in the calling thread

@@ -31,26 +31,39 @@ class CellInbox(queue.Queue[Any]):
         super()._init(maxsize)
         self.taken = 0
         self._starter: Callable[[], None] | None = None
+        self._unstarted: Callable[[Any], bool] = lambda _item: False
         self._starting = threading.Lock()
 
-    def start_on_first_put(self, starter: Callable[[], None]) -> None:
+    def start_on_first_put(
+        self, starter: Callable[[], None], unstarted: Callable[[Any], bool] | None = None
+    ) -> None:
         """Run ``starter`` (which starts the thread taking from this inbox) before the
-        first message is queued; at once if one is queued already."""
+        first message is queued; at once if one is queued already. While no thread has
+        started, ``unstarted(message)`` may handle a message itself, in the sender's
+        thread (True: handled, not queued), as a stop does."""
         self._starter = starter
+        if unstarted is not None:
+            self._unstarted = unstarted
         if self.qsize():
-            self._start()
+            self._start(None)
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        if self._starter is not None:
-            self._start()  # raises when no thread can start: the message is not queued
+        if self._starter is not None and self._start(item):
+            return
         super().put(item, block, timeout)
 
-    def _start(self) -> None:
+    def _start(self, item: Any) -> bool:
+        """Start the thread unless it runs; True when ``item`` was handled without it. Raises
+        when no thread can start: the message is not queued (its sender learns so)."""
         with self._starting:
             starter = self._starter
-            if starter is not None:
-                starter()
-                self._starter = None
+            if starter is None:
+                return False
+            if item is not None and self._unstarted(item):
+                return True
+            starter()
+            self._starter = None
+            return False
 
     def _get(self) -> Any:
         self.taken += 1  # under the queue's own mutex, like every _get
