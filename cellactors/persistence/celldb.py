@@ -280,9 +280,20 @@ class CellDatabase:
 
     def load_image(self, image: bytes) -> None:
         """Replace the whole database with ``image``."""
-        capture.uninstall(self.conn)  # no temp trigger may outlive the tables it watches
         with _image_source(image) as src:
-            src.backup(self.conn)
+            self._replace_from(src)
+
+    def clear(self) -> None:
+        """Empty the database, as a new file is (a restore that plans again starts over)."""
+        src = sqlite3.connect(":memory:")
+        try:
+            self._replace_from(src)
+        finally:
+            src.close()
+
+    def _replace_from(self, src: sqlite3.Connection) -> None:
+        capture.uninstall(self.conn)  # no temp trigger may outlive the tables it watches
+        src.backup(self.conn)
         self._after_change()
 
     def apply(self, txn: Txn) -> None:

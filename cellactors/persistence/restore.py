@@ -24,7 +24,7 @@ from cellactors.core import feed_plan, restore_plan, retention
 from cellactors.core.changes import HistoryCollected
 from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
 from cellactors.persistence import keys, records
-from cellactors.persistence.batches import Batch, decode_batch
+from cellactors.persistence.batches import decode_batch
 from cellactors.persistence.bucket import Absent, Applied, Bucket, StoredObject
 from cellactors.persistence.celldb import CellDatabase
 
@@ -161,16 +161,20 @@ Planner = Callable[
 ]
 
 
-def _plan_and_fetch(
+def _plan_and_apply(
     bucket: Bucket,
     cell_id: str,
     epoch: int,
     listing: restore_plan.Listing,
+    db: CellDatabase,
     planner: Planner = restore_plan.plan_restore,
-) -> tuple[restore_plan.Plan, bytes | None, list[Batch]]:
-    """Plan from one listing (reading the seals it asks for), then fetch the snapshot and
-    every batch the plan reads, in parallel. Raises :class:`_Relist` when an object is gone
-    or the plan finds a hole."""
+    until_ms: int | None = None,
+) -> tuple[restore_plan.Plan, RestoreResult]:
+    """Plan from one listing (reading the seals it asks for), then rebuild ``db`` from the
+    plan's snapshot and batches: each batch is applied as it arrives while the later ones
+    are still being fetched. An object read back and found malformed (a torn upload) is
+    planned without, after ``db`` is emptied again. Raises :class:`_Relist` when an object
+    is gone or the plan finds a hole; ``db`` may then hold part of the plan."""
     seals: dict[int, int] = {}
     unusable: set[str] = set()
     while True:
@@ -185,7 +189,7 @@ def _plan_and_fetch(
             continue
         if isinstance(planned, restore_plan.Hole):
             raise _Relist(planned.reason)
-        image: bytes | None = None
+        result = RestoreResult(last_txid=0)
         if planned.snapshot is not None:
             snap = planned.snapshot
             body = _get(bucket, snap.key)
@@ -199,21 +203,54 @@ def _plan_and_fetch(
                 log.warning("skipping snapshot %s: it holds txid %d", snap.key, txid)
                 unusable.add(snap.key)
                 continue
-        batches: list[Batch] = []
-        with contextlib.closing(fetch_bodies(bucket, [ref.key for ref in planned.reads])) as bodies:
-            for ref, fetched in zip(planned.reads, bodies, strict=True):
-                # A store error propagates: only an object read back and found malformed (a
-                # torn upload) may be planned without.
-                if fetched is None:
+            db.load_image(image)
+            result.last_txid = snap.txid
+            result.snapshot = (snap.epoch, snap.txid)
+        torn = _apply_batches(bucket, cell_id, planned, db, result, until_ms)
+        if torn is None:
+            return planned, result
+        unusable.add(torn)
+        db.clear()
+
+
+def _apply_batches(
+    bucket: Bucket,
+    cell_id: str,
+    plan: restore_plan.Plan,
+    db: CellDatabase,
+    result: RestoreResult,
+    until_ms: int | None,
+) -> str | None:
+    """Fetch the plan's batches (in parallel, in order) and apply each as it arrives, up to
+    each step's txid (and, with ``until_ms``, before the first transaction stamped later).
+    Returns the key of a batch found malformed, where applying stopped, or None."""
+    with contextlib.closing(fetch_bodies(bucket, [ref.key for ref in plan.reads])) as bodies:
+        for step in plan.steps:
+            for ref in step.reads:
+                # A store error propagates: only an object read back and found malformed
+                # may be planned without.
+                body = next(bodies)
+                if body is None:
                     raise _Relist(f"{ref.key} was listed and then vanished")
                 try:
-                    batches.append(decode_batch(ref.key, fetched))
+                    batch = decode_batch(ref.key, body)
                 except BucketError as err:
                     log.warning("restore of %s: planning without %s: %s", cell_id, ref.key, err)
-                    unusable.add(ref.key)
-                    break
-            else:
-                return planned, image, batches
+                    return ref.key
+                result.batches_read += 1
+                for txn in batch.txns:
+                    if result.last_txid < txn.txid <= step.upto:
+                        if txn.txid != result.last_txid + 1:
+                            raise BucketError(f"{ref.key}: txid {txn.txid} out of order")
+                        if until_ms is not None and txn.ts_ms > until_ms:
+                            return None  # the first transaction committed after the point
+                        db.apply(txn)
+                        result.last_txid = txn.txid
+            if result.last_txid != step.upto:
+                raise BucketError(
+                    f"epoch {step.epoch}: batches rebuilt txid {result.last_txid}, not {step.upto}"
+                )
+    return None
 
 
 def restore(
@@ -240,11 +277,11 @@ def restore(
         infos = list(bucket.list(root))
         listing = restore_plan.parse_listing(root, [info.key for info in infos])
         try:
-            plan, image, batches = _plan_and_fetch(bucket, cell_id, epoch, listing)
+            plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db)
         except _Relist as err:
             problem = str(err)
+            db.clear()
             continue
-        result = _apply(plan, image, batches, db)
         sizes = {info.key: info.size for info in infos}
         result.since_bytes = sum(sizes.get(ref.key, 0) for ref in plan.reads)
         if seal:
@@ -255,38 +292,6 @@ def restore(
     raise RestoreHole(
         f"restore of {cell_id} at epoch {epoch} failed after {MAX_LISTINGS} listings: {problem}"
     )
-
-
-def _apply(
-    plan: restore_plan.Plan,
-    image: bytes | None,
-    batches: list[Batch],
-    db: CellDatabase,
-    until_ms: int | None = None,
-) -> RestoreResult:
-    result = RestoreResult(last_txid=0)
-    if plan.snapshot is not None and image is not None:
-        db.load_image(image)
-        result.last_txid = plan.snapshot.txid
-        result.snapshot = (plan.snapshot.epoch, plan.snapshot.txid)
-    batches_left = iter(batches)
-    for step in plan.steps:
-        for ref in step.reads:
-            batch = next(batches_left)
-            result.batches_read += 1
-            for txn in batch.txns:
-                if result.last_txid < txn.txid <= step.upto:
-                    if txn.txid != result.last_txid + 1:
-                        raise BucketError(f"{ref.key}: txid {txn.txid} out of order")
-                    if until_ms is not None and txn.ts_ms > until_ms:
-                        return result  # the first transaction committed after the point
-                    db.apply(txn)
-                    result.last_txid = txn.txid
-        if result.last_txid != step.upto:
-            raise BucketError(
-                f"epoch {step.epoch}: batches rebuilt txid {result.last_txid}, not {step.upto}"
-            )
-    return result
 
 
 class PointNotRestorable(CellactorsError):
@@ -373,11 +378,11 @@ def restore_at(
         planner = functools.partial(_plan_point, target=target, excluded=later)
 
         try:
-            plan, image, batches = _plan_and_fetch(bucket, cell_id, epoch, listing, planner)
+            _, result = _plan_and_apply(bucket, cell_id, epoch, listing, db, planner, at_ms)
         except _Relist as err:
             problem = str(err)
+            db.clear()
             continue
-        result = _apply(plan, image, batches, db, until_ms=at_ms)
         if txid is not None and result.last_txid < txid:
             raise PointNotRestorable(
                 f"{cell_id} has no txid {txid}: its history ends at txid {result.last_txid}"
