@@ -115,3 +115,12 @@ def test_an_inbox_without_a_thread_may_handle_a_message_itself() -> None:
     assert starts == [] and inbox.qsize() == 0
     inbox.put("write")
     assert starts == ["start"] and inbox.get() == "write"
+
+
+def test_closing_if_free_never_waits_for_the_code_running_inside() -> None:
+    _, gate, ran = _gate()
+    with gate.handling():
+        assert gate.close_if_free() is False  # someone runs inside: still open
+    assert gate.close_if_free() is True
+    assert gate.run_if_idle(lambda: ran.append("read"), lambda: False) is False
+    assert ran == []

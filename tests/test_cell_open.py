@@ -11,11 +11,11 @@ from typing import cast
 import pykka
 import pytest
 
-from cellactors import CellActor
+from cellactors import CellActor, read_only
 from cellactors.actors.cell import CellRuntime
 from cellactors.actors.cell_gate import CellInbox
 from cellactors.actors.channel import ReplicaChannel
-from cellactors.actors.messages import TakeImage
+from cellactors.actors.messages import Invoke, TakeImage
 from cellactors.persistence.celldb import CellDatabase
 from tests.runtime_helpers import eventually
 
@@ -98,3 +98,50 @@ def test_a_cell_that_gets_no_message_never_starts_a_thread(tmp_path: Path) -> No
     finally:
         actor.actor_ref.stop()
         rt.database.close()
+
+
+class Reader(CellActor):
+    """A read-only method that waits for the test."""
+
+    inside = threading.Event()
+    go = threading.Event()
+
+    @read_only
+    def wait(self) -> int:
+        Reader.inside.set()
+        Reader.go.wait(10)
+        return 1
+
+
+def test_a_stop_behind_an_inline_read_waits_for_it_like_any_stop(tmp_path: Path) -> None:
+    Reader.inside.clear()
+    Reader.go.clear()
+    actor = Reader.start_unopened()
+    rt = CellRuntime(
+        cell_id="Reader:a",
+        name="a",
+        epoch=1,
+        database=CellDatabase(tmp_path / "r.db"),
+        channel=ReplicaChannel(0),
+        next_txid=1,
+    )
+    actor.open_here(rt)
+    reply: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+    assert rt.run_inline is not None
+    with concurrent.futures.ThreadPoolExecutor(1) as caller:
+        try:
+            ran = caller.submit(rt.run_inline, Invoke("wait", (), {}, reply))
+            assert Reader.inside.wait(10)
+            # The stop cannot close the gate under the read: it is queued for the cell's
+            # thread (started now), and its sender's timeout applies.
+            stopped = actor.actor_ref.stop(block=False)
+            with pytest.raises(pykka.Timeout):
+                stopped.get(timeout=0.2)
+            assert not ran.done()
+            Reader.go.set()
+            assert ran.result(10) is True and reply.get(timeout=10) == 1
+            assert stopped.get(timeout=10) is True  # once the read is over
+        finally:
+            Reader.go.set()
+            actor.actor_ref.stop()
+            rt.database.close()

@@ -273,8 +273,12 @@ class CellActor(pykka.ThreadingActor):
 
     def _stop_unstarted(self, envelope: Any) -> bool:
         """A stop that finds the cell's thread never started stops the cell right here:
-        stopping thousands of idle cells at once (a fence) starts no thread."""
+        stopping thousands of idle cells at once (a fence) starts no thread. Not while a
+        read runs inline: then the stop is queued, and its sender may time out waiting
+        for it as for any stop behind a running call."""
         if not isinstance(getattr(envelope, "message", None), pykka.messages._ActorStop):
+            return False
+        if not self.__gate.close_if_free():
             return False
         self._stop()  # pykka's own stop: unregistered, marked stopped, on_stop (the gate)
         if envelope.reply_to is not None:

@@ -114,5 +114,15 @@ class ExecGate:
         with self._lock:
             self._closed = True
 
+    def close_if_free(self) -> bool:
+        """Close now if nobody runs the cell's code; False (and still open) otherwise."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._closed = True
+            return True
+        finally:
+            self._lock.release()
+
 
 __all__ = ["CellInbox", "ExecGate"]
