@@ -43,10 +43,11 @@ def own_threads(actor: CellActor) -> list[threading.Thread]:
     ]
 
 
-def runtime(tmp_path: Path) -> CellRuntime:
+def runtime(tmp_path: Path, cell_id: str = "Slow:a") -> CellRuntime:
+    """A runtime with no replicator: fine for cells whose calls write nothing."""
     return CellRuntime(
-        cell_id="Slow:a",
-        name="a",
+        cell_id=cell_id,
+        name=cell_id.split(":", 1)[1],
         epoch=1,
         database=CellDatabase(tmp_path / "a.db"),
         channel=ReplicaChannel(0),
@@ -117,14 +118,7 @@ def test_a_stop_behind_an_inline_read_waits_for_it_like_any_stop(tmp_path: Path)
     Reader.inside.clear()
     Reader.go.clear()
     actor = Reader.start_unopened()
-    rt = CellRuntime(
-        cell_id="Reader:a",
-        name="a",
-        epoch=1,
-        database=CellDatabase(tmp_path / "r.db"),
-        channel=ReplicaChannel(0),
-        next_txid=1,
-    )
+    rt = runtime(tmp_path, "Reader:a")
     actor.open_here(rt)
     reply: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
     assert rt.run_inline is not None
