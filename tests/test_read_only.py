@@ -224,6 +224,30 @@ def test_a_cell_only_read_holds_no_thread_until_its_first_write(
     assert len(cell_threads(before)) == 1  # a write goes through the mailbox: it starts one
 
 
+def test_a_fence_stops_cells_only_read_without_starting_their_threads(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    names = [f"r{i}" for i in range(20)]
+    for name in names:
+        assert node.call("Reads", name, "value", {"k": "a"}) == 0
+    cells = []
+    for name in names:
+        active = node._hosts[f"Reads:{name}"].active
+        assert active is not None
+        cells.append(active.cell)
+    node.fence("test: fenced")
+    eventually(lambda: not any(cell.is_alive() for cell in cells), timeout=5)
+    assert [n for n in started if n.startswith("Reads-")] == []  # not one, for twenty stops
+
+
 def test_a_busy_cell_takes_the_read_only_call_in_its_own_thread(node: Node) -> None:
     Reads.gate = threading.Event()
     node.call("Reads", "a", "put", {"k": "a", "v": 1})
