@@ -75,6 +75,16 @@ _READING_PRAGMAS = frozenset(
     }
 )
 _ACTING_PRAGMAS = frozenset({"incremental_vacuum", "optimize", "shrink_memory", "wal_checkpoint"})
+#: Pragmas whose value lives in the database file's header: set in a write method, they are
+#: replicated (the transaction ships a whole image, as a schema change does).
+_HEADER_PRAGMAS = frozenset({"user_version", "application_id"})
+#: Pragmas user code may not set at all: the runtime owns the journal, and the schema cookie
+#: and a writable schema bypass what capture and restore rely on.
+_OWNED_PRAGMAS = {
+    "journal_mode": "PRAGMA journal_mode: the runtime owns the database's journal",
+    "schema_version": "PRAGMA schema_version: setting the schema cookie corrupts replication",
+    "writable_schema": "PRAGMA writable_schema: edits to sqlite_master are not replicated",
+}
 
 
 def _read_only_refusal(action: int, arg1: str | None, arg2: str | None) -> bool:
@@ -135,6 +145,7 @@ class CellDatabase:
         self.db._supports_on_conflict = True
         self._refusal: str | None = None
         self._runtime_writing = False
+        self._header_set = False  # user code set a header pragma in this transaction
         #: True while a read-only method's code runs: the authorizer refuses its writes, and
         #: the cell refuses its alarms, messages and calls to other cells.
         self.read_only = False
@@ -181,6 +192,10 @@ class CellDatabase:
             self._refusal = "a read-only method may not write"
             return sqlite3.SQLITE_DENY
         reason = _DENIED.get(action)
+        if action == _PRAGMA and arg2 is not None:
+            name = (arg1 or "").lower()
+            reason = _OWNED_PRAGMAS.get(name)
+            self._header_set = self._header_set or name in _HEADER_PRAGMAS
         if reason is None:
             reason = _runtime_refusal(action, arg1, arg2)
         if reason is None:
@@ -211,6 +226,7 @@ class CellDatabase:
         conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
             self._refusal = None
+            self._header_set = False
             before = conn.total_changes
             self.read_only = read_only
             conn.set_authorizer(self._authorize)
@@ -222,7 +238,8 @@ class CellDatabase:
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
             seen = capture.schema_version(conn)
-            user_changed_schema = seen != self.schema
+            # A header pragma (user_version) changes no schema, but only an image carries it.
+            user_changed_schema = seen != self.schema or self._header_set
             if read_only and (user_changed_schema or conn.total_changes != before):
                 # Past the authorizer (the method removed it): refused all the same.
                 raise Refused("a read-only method may not write: its changes were rolled back")
@@ -253,7 +270,7 @@ class CellDatabase:
             changed = version != self.schema
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
-            changes = capture.collect(conn, self.shapes, changed)
+            changes = capture.collect(conn, self.shapes, changed or self._header_set)
             if sequence != self.sequence:
                 changes.sequence = sequence
             conn.execute("COMMIT")
