@@ -50,7 +50,9 @@ def test_a_header_pragma_set_in_a_write_is_replicated(sw_bucket: S3Bucket) -> No
         b.stop()
 
 
-def test_a_header_pragma_ships_an_image_and_a_plain_write_does_not(sw_bucket: S3Bucket) -> None:
+def test_a_header_pragma_that_changes_ships_an_image_and_a_plain_write_does_not(
+    sw_bucket: S3Bucket,
+) -> None:
     a = make_node(sw_bucket, "na")
     a.register(Versioned)
     try:
@@ -68,6 +70,11 @@ def test_a_header_pragma_ships_an_image_and_a_plain_write_does_not(sw_bucket: S3
         a.call("Versioned", "v", "put", {"k": "x", "v": 2})
         a.call("Versioned", "v", "set_pragma", {"name": "user_version", "value": "3"})
         assert shipped == [False, True]
+        # Setting the value it already has changes nothing: no transaction to ship.
+        a.call("Versioned", "v", "set_pragma", {"name": "user_version", "value": "3"})
+        assert shipped == [False, True]
+        a.call("Versioned", "v", "set_pragma", {"name": "application_id", "value": "5"})
+        assert shipped == [False, True, True]
     finally:
         a.stop()
 

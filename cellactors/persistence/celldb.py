@@ -174,6 +174,7 @@ class CellDatabase:
         self.shapes = capture.install(self.conn)
         self.schema = capture.schema_version(self.conn)
         self.sequence = capture.read_sequence(self.conn)
+        self.header = _read_header(self.conn)
 
     @contextlib.contextmanager
     def runtime_writes(self) -> Iterator[RuntimeTables]:
@@ -239,7 +240,8 @@ class CellDatabase:
                 raise Refused(f"refused: {self._refusal}")
             seen = capture.schema_version(conn)
             # A header pragma (user_version) changes no schema, but only an image carries it.
-            user_changed_schema = seen != self.schema or self._header_set
+            header = _read_header(conn) if self._header_set else self.header
+            user_changed_schema = seen != self.schema or header != self.header
             if read_only and (user_changed_schema or conn.total_changes != before):
                 # Past the authorizer (the method removed it): refused all the same.
                 raise Refused("a read-only method may not write: its changes were rolled back")
@@ -270,7 +272,7 @@ class CellDatabase:
             changed = version != self.schema
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
-            changes = capture.collect(conn, self.shapes, changed or self._header_set)
+            changes = capture.collect(conn, self.shapes, changed or header != self.header)
             if sequence != self.sequence:
                 changes.sequence = sequence
             conn.execute("COMMIT")
@@ -283,6 +285,7 @@ class CellDatabase:
             raise
         self.schema = version  # a COMMIT does not move it, nor do temp capture triggers
         self.sequence = sequence
+        self.header = header
         return result, changes
 
     def trim(self) -> None:
@@ -367,6 +370,13 @@ def _image_source(image: bytes) -> Iterator[sqlite3.Connection]:
             src.close()
     finally:
         os.unlink(tmp)
+
+
+def _read_header(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The header values user code may set: (user_version, application_id)."""
+    version = conn.execute("PRAGMA main.user_version").fetchone()[0]
+    app = conn.execute("PRAGMA main.application_id").fetchone()[0]
+    return int(version), int(app)
 
 
 def _runtime_refusal(action: int, arg1: str | None, arg2: str | None) -> str | None:
