@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import COUNTER_APP, REPO
-from cellactors.persistence.embedded import free_port
+from cellactors.persistence.embedded import die_with_parent, free_port
 
 
 class ServerProc:
@@ -44,7 +44,12 @@ class ServerProc:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                preexec_fn=die_with_parent,  # a killed benchmark leaves no node behind
             )
         return self
 

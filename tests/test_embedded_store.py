@@ -4,12 +4,15 @@ another process takes one of the ports it picked before it could bind it."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cellactors.errors import ConfigError
 from cellactors.persistence.embedded import SeaweedServer
+from tests.runtime_helpers import eventually
 
 
 def _hold(port: int) -> socket.socket:
@@ -48,3 +51,40 @@ def test_an_explicit_s3_port_in_use_is_an_error_not_a_move(tmp_path: Path) -> No
         server.stop(grace=0)
     finally:
         taken.close()
+
+
+def test_a_child_started_with_die_with_parent_ends_when_its_parent_is_killed() -> None:
+    # The parent starts a long sleep as the store and the benchmark start their children,
+    # says its pid, and is SIGKILLed: nothing of it may clean up, Linux ends the child.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "from cellactors.persistence.embedded import die_with_parent\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+            " preexec_fn=die_with_parent)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.kill()
+        parent.wait(10)
+        eventually(lambda: not _alive(child), timeout=10)
+    finally:
+        parent.kill()
+        parent.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as ended: only its parent could reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -204,6 +204,7 @@ def dev(
     it on loopback, until Ctrl-C (SIGINT) or SIGTERM stops them all."""
     from cellactors.cli.app_loader import load_app
     from cellactors.cli.serve import start_embedded_store
+    from cellactors.persistence.embedded import die_with_parent
 
     setup_logging(log_level, log_format)
     try:
@@ -248,7 +249,7 @@ def dev(
                     env=env,
                     cwd=cwd,
                     start_new_session=True,  # Ctrl-C reaches dev only; dev stops the nodes
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
         code = _wait_ready(nodes, stop)
         if code == EXIT_OK and not stop.is_set():
@@ -270,12 +271,6 @@ def dev(
     if code == EXIT_OK and not clean:
         code = EXIT_FAILURE
     sys.exit(code)
-
-
-def _die_with_parent() -> None:
-    from cellactors.persistence.embedded import _die_with_parent as die
-
-    die()
 
 
 def _wait_ready(nodes: list[DevNode], stop: threading.Event, timeout: float = 120.0) -> int:

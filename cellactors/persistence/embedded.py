@@ -41,9 +41,10 @@ _PORT_FLAGS = (
 )
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when its parent dies, so an
-    embedded store never outlives a SIGKILLed ``cellactors serve``."""
+def die_with_parent() -> None:
+    """In the child, before exec (``preexec_fn``): ask Linux to SIGTERM it when its parent
+    dies, so an embedded store never outlives a SIGKILLed ``cellactors serve``. Linux means
+    the thread that started it: start such children from a thread that lives as long."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -138,7 +139,7 @@ class SeaweedServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
