@@ -45,7 +45,6 @@ class FireAlarm:
 
 
 @dataclass
-@dataclass
 class ReadOutbox:
     """Ask the cell for its undelivered outbox messages (oldest first) and its acked txid."""
 
