@@ -174,7 +174,7 @@ def _plan_and_apply(
     plan's snapshot and batches: each batch is applied as it arrives while the later ones
     are still being fetched. An object read back and found malformed (a torn upload) is
     planned without, after ``db`` is emptied again. Raises :class:`_Relist` when an object
-    is gone or the plan finds a hole; ``db`` may then hold part of the plan."""
+    is gone or the plan finds a hole, with ``db`` empty again for the next listing."""
     seals: dict[int, int] = {}
     unusable: set[str] = set()
     while True:
@@ -206,7 +206,11 @@ def _plan_and_apply(
             db.load_image(image)
             result.last_txid = snap.txid
             result.snapshot = (snap.epoch, snap.txid)
-        torn = _apply_batches(bucket, cell_id, planned, db, result, until_ms)
+        try:
+            torn = _apply_batches(bucket, cell_id, planned, db, result, until_ms)
+        except _Relist:
+            db.clear()  # part of the plan was applied: the next listing starts over
+            raise
         if torn is None:
             return planned, result
         unusable.add(torn)
@@ -280,7 +284,6 @@ def restore(
             plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db)
         except _Relist as err:
             problem = str(err)
-            db.clear()
             continue
         sizes = {info.key: info.size for info in infos}
         result.since_bytes = sum(sizes.get(ref.key, 0) for ref in plan.reads)
@@ -381,7 +384,6 @@ def restore_at(
             _, result = _plan_and_apply(bucket, cell_id, epoch, listing, db, planner, at_ms)
         except _Relist as err:
             problem = str(err)
-            db.clear()
             continue
         if txid is not None and result.last_txid < txid:
             raise PointNotRestorable(
