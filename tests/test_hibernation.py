@@ -3,13 +3,18 @@ connection or file descriptor, and the next call wakes it with no bucket request
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cellactors import Node
 from cellactors.actors import node as node_module
+from cellactors.actors.ownership import Active
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
@@ -176,16 +181,22 @@ def test_a_store_error_releasing_a_hibernated_cell_keeps_nothing_unproven(
         node.stop()
 
 
+def written_cell(node: Node) -> tuple[Any, Active]:
+    """Counter ``a`` on ``node``, written once (so it is active there), and its activation."""
+    cell = node.cell(Counter, "a")
+    assert cell.increment("x") == 1
+    active = node._hosts[CELL].active
+    assert active is not None
+    return cell, active
+
+
 def test_an_idle_resident_cell_trims_its_caches_once_per_idle_period(
     sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
     node = make_node(sw_bucket, "n1", hibernate_timeout=10, idle_timeout=60)
     try:
-        cell = node.cell(Counter, "a")
-        assert cell.increment("x") == 1
-        active = node._hosts[CELL].active
-        assert active is not None
+        cell, active = written_cell(node)
         runtime = active.runtime
         eventually(lambda: runtime.database.trims == 1, timeout=5)
         assert runtime.trimmed_for == runtime.last_used  # this idle period is done
@@ -193,5 +204,30 @@ def test_an_idle_resident_cell_trims_its_caches_once_per_idle_period(
         assert cell.increment("x") == 2
         eventually(lambda: runtime.database.trims >= 2, timeout=5)  # a new idle period
         assert node.resident_cells() == 1 and node.hibernated_cells() == 0
+    finally:
+        node.stop()
+
+
+def test_a_failing_trim_leaves_the_reaper_hibernating_cells(
+    sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The trim runs in the node's reaper: a cell whose trim fails must not stop the reaper.
+    caplog.set_level(logging.ERROR, logger="cellactors.actors.cell")
+    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    node = make_node(sw_bucket, "n1", hibernate_timeout=1.5, idle_timeout=60)
+    try:
+        cell, active = written_cell(node)
+        tried: list[int] = []
+
+        def failing_trim() -> None:
+            tried.append(1)
+            raise sqlite3.OperationalError("disk I/O error (test)")
+
+        active.runtime.database.trim = failing_trim  # type: ignore[method-assign]
+        eventually(lambda: bool(tried) and active.runtime.trimmed_for == active.runtime.last_used)
+        assert "trimming the caches of Counter:a failed" in caplog.text
+        eventually(lambda: node.hibernated_cells() == 1, timeout=10)  # the reaper goes on
+        assert len(tried) == 1  # once per idle period, failed or not
+        assert cell.get("x") == 1
     finally:
         node.stop()

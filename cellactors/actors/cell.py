@@ -407,9 +407,18 @@ class CellActor(pykka.ThreadingActor):
         return self.__gate.run_if_idle(lambda: self._invoke_inline(msg), self.actor_stopped.is_set)
 
     def _trim_if_idle(self) -> bool:
-        """Hand the database's caches back in the calling thread, if the cell is idle."""
-        rt = self._require_runtime()
-        return self.__gate.run_if_idle(rt.database.trim, self.actor_stopped.is_set)
+        """Hand the database's caches back in the calling thread (the node's reaper), if the
+        cell is idle. Never raises: a failed trim only leaves the caches where they were,
+        and must not stop the reaper from hibernating and releasing every other cell."""
+        database = self._require_runtime().database
+
+        def trim() -> None:
+            try:
+                database.trim()
+            except Exception:
+                log.exception("trimming the caches of %s failed", self.cell_id)
+
+        return self.__gate.run_if_idle(trim, self.actor_stopped.is_set)
 
     def _invoke_inline(self, msg: Invoke) -> None:
         try:
