@@ -192,11 +192,12 @@ class CellDatabase:
         if self.read_only and _read_only_refusal(action, arg1, arg2):
             self._refusal = "a read-only method may not write"
             return sqlite3.SQLITE_DENY
-        reason = _DENIED.get(action)
-        if action == _PRAGMA and arg2 is not None:
+        if action == _PRAGMA and arg2 is not None:  # a pragma that sets something
             name = (arg1 or "").lower()
-            reason = _OWNED_PRAGMAS.get(name)
             self._header_set = self._header_set or name in _HEADER_PRAGMAS
+            reason = _OWNED_PRAGMAS.get(name)
+        else:
+            reason = _DENIED.get(action)
         if reason is None:
             reason = _runtime_refusal(action, arg1, arg2)
         if reason is None:
@@ -241,7 +242,8 @@ class CellDatabase:
             seen = capture.schema_version(conn)
             # A header pragma (user_version) changes no schema, but only an image carries it.
             header = _read_header(conn) if self._header_set else self.header
-            user_changed_schema = seen != self.schema or header != self.header
+            header_changed = header != self.header
+            user_changed_schema = seen != self.schema or header_changed
             if read_only and (user_changed_schema or conn.total_changes != before):
                 # Past the authorizer (the method removed it): refused all the same.
                 raise Refused("a read-only method may not write: its changes were rolled back")
@@ -272,7 +274,7 @@ class CellDatabase:
             changed = version != self.schema
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
-            changes = capture.collect(conn, self.shapes, changed or header != self.header)
+            changes = capture.collect(conn, self.shapes, changed or header_changed)
             if sequence != self.sequence:
                 changes.sequence = sequence
             conn.execute("COMMIT")
