@@ -213,14 +213,14 @@ class Runner:
         assert self._wake is not None
         if self.fence.tripped:
             return self._fenced()
-        self._servers = [_Server(self._config("public")), _Server(self._config("internal"))]
+        self._servers = [_Server(self._config(which)) for which in self._binds]  # public first
         with self._lock:
             if self._stop_requests > 1:
                 for server in self._servers:
                     server.force_exit = True
         tasks = [
             asyncio.create_task(_serve_one(server, self._sockets.get(which)))
-            for which, server in zip(("public", "internal"), self._servers, strict=True)
+            for which, server in zip(self._binds, self._servers, strict=True)
         ]
         while not all(s.started for s in self._servers):
             if any(t.done() for t in tasks):
