@@ -4,6 +4,7 @@ path (an explicit endpoint) and through boto3 (AWS's own endpoints, proxies) ali
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -25,22 +26,21 @@ def fake_bucket(
     """Start a fake in the given mode with one empty bucket; stop them all afterwards."""
     fakes: list[FakeS3] = []
     sends: list[BotoSends] = []
+    with contextlib.ExitStack() as counting:
 
-    def make(mode: str) -> tuple[FakeS3, S3Bucket]:
-        fake = FakeS3(mode).start()
-        fakes.append(fake)
-        fake.create_bucket(BUCKET)
-        bucket = S3Bucket(BUCKET, endpoint=fake.endpoint, timeout=5.0)
-        assert bucket._direct is not None
-        if request.param == "boto3":
-            bucket._direct = None
-        else:  # every conditional PUT must have gone direct: count boto3's
-            sends.append(BotoSends(bucket._cas).__enter__())
-        return fake, bucket
+        def make(mode: str) -> tuple[FakeS3, S3Bucket]:
+            fake = FakeS3(mode).start()
+            fakes.append(fake)
+            fake.create_bucket(BUCKET)
+            bucket = S3Bucket(BUCKET, endpoint=fake.endpoint, timeout=5.0)
+            assert bucket._direct is not None
+            if request.param == "boto3":
+                bucket._direct = None
+            else:  # every conditional PUT must have gone direct: count boto3's
+                sends.append(counting.enter_context(BotoSends(bucket._cas)))
+            return fake, bucket
 
-    yield make
-    for counter in sends:
-        counter.__exit__()
+        yield make
     for fake in fakes:
         fake.stop()
     assert [counter.count for counter in sends] == [0] * len(sends)
