@@ -35,7 +35,7 @@ from cellactors.actors.node import Node, NodeSettings
 from cellactors.core.changes import Change
 from cellactors.core.types import Applied, Match
 from cellactors.errors import NodeUnavailable, RemoteOwner
-from cellactors.persistence import calls, keys
+from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.calls import RESERVED_PREFIX
 from cellactors.persistence.celldb import CellDatabase
@@ -82,7 +82,7 @@ class Fleet:
         self.settings = replace(base, lease_ttl=ttl)
         self.nodes: list[Node] = []
         self._down: dict[str, str] = {}  # node id -> why it takes no calls
-        self._advanced = False  # advance_alarms moved the runtime's clock
+        self._advanced_s = 0.0  # how far advance_alarms moved the nodes' runtime clocks
         try:
             for index in range(nodes):
                 self.nodes.append(self._start(f"node-{index}", index))
@@ -116,7 +116,9 @@ class Fleet:
             advertise=f"127.0.0.1:{20000 + index}",  # in-process: never dialled
             data_dir=self.data_dir / "nodes",
         )
-        node = Node(self.bucket, node_id, self.classes, settings).start()
+        node = Node(self.bucket, node_id, self.classes, settings)
+        node.clock.advance(self._advanced_s)  # a restarted node agrees with the others
+        node.start()
         node.set_forwarder(self._forward)  # calls between cells and the outbox reach peers
         return node
 
@@ -214,8 +216,9 @@ class Fleet:
         """Move alarm time forward by ``seconds`` on every node: alarms due by then fire now
         (hosted cells from their node's timer, others from a scan run at once). Leases keep
         the real clock, so no node expires. The fleet's teardown moves the clock back."""
-        calls.advance_clock(seconds)
-        self._advanced = True
+        for node in self.nodes:
+            node.clock.advance(seconds)
+        self._advanced_s += seconds
         for node in self.nodes:
             if node.node_id not in self._down:
                 node.alarms.poke()
@@ -307,8 +310,6 @@ class Fleet:
                 node.stop()
         if self._server is not None:
             self._server.stop()
-        if self._advanced:
-            calls.reset_clock()
         self._tmp.cleanup()
 
     def __enter__(self) -> Fleet:

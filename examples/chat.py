@@ -14,7 +14,6 @@ room also keeps itself tidy with an alarm: lines older than ``keep_seconds`` are
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cellactors import CellActor, read_only
@@ -48,7 +47,7 @@ class Room(CellActor):
         """Post a line; every other member receives it through the outbox."""
         if member not in self.members():
             raise ValueError(f"{member} is not in room {self.name}")
-        now = time.time()
+        now = self.now()
         cur = self.db.execute(
             "INSERT INTO lines (at, member, text) VALUES (?, ?, ?)", [now, member, text]
         )
@@ -71,7 +70,7 @@ class Room(CellActor):
 
     def on_alarm(self) -> None:
         """Forget old lines; come back when the oldest remaining one expires."""
-        self.db.execute("DELETE FROM lines WHERE at <= ?", [time.time() - self.keep_seconds])
+        self.db.execute("DELETE FROM lines WHERE at <= ?", [self.now() - self.keep_seconds])
         oldest = self.db.execute("SELECT min(at) FROM lines").fetchone()[0]
         if oldest is not None:
             self.set_alarm(oldest + self.keep_seconds)

@@ -3,7 +3,6 @@ fleet tests (``--app tests/alarm_cells.py``), so it imports nothing but cellacto
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cellactors import CellActor
@@ -24,7 +23,7 @@ class Reminder(CellActor):
         self.db.execute("CREATE TABLE IF NOT EXISTS conf (k TEXT PRIMARY KEY, v INTEGER)")
 
     def remind(self, delay: float, tag: str = "", fail_times: int = 0, every: float = 0) -> float:
-        at = time.time() + delay
+        at = self.now() + delay
         self.set_alarm(at)
         self.db.execute("INSERT OR REPLACE INTO conf VALUES ('fail_times', ?)", [fail_times])
         self.db.execute("INSERT OR REPLACE INTO conf VALUES ('every_ms', ?)", [int(every * 1000)])
@@ -42,10 +41,10 @@ class Reminder(CellActor):
         if attempts <= self._conf("fail_times"):
             raise RuntimeError(f"failing attempt {attempts}")
         self.db.execute("INSERT OR REPLACE INTO conf VALUES ('attempts', 0)")
-        self.db.execute("INSERT INTO fired (at, tag) VALUES (?, 'alarm')", [time.time()])
+        self.db.execute("INSERT INTO fired (at, tag) VALUES (?, 'alarm')", [self.now()])
         every = self._conf("every_ms")
         if every:
-            self.set_alarm(time.time() + every / 1000)
+            self.set_alarm(self.now() + every / 1000)
 
     def fired(self) -> list[float]:
         return [r[0] for r in self.db.execute("SELECT at FROM fired ORDER BY seq")]
@@ -68,7 +67,7 @@ class Flaky(CellActor):
     alarm_max_failures = 3
 
     def arm(self, delay: float) -> None:
-        self.set_alarm(time.time() + delay)
+        self.set_alarm(self.now() + delay)
 
     def on_alarm(self) -> None:
         raise RuntimeError("always fails")

@@ -83,16 +83,6 @@ def committed(node: Node) -> int:
     return int(node._hosts[WALLET].active.runtime.channel.committed)  # type: ignore[union-attr]
 
 
-class Clock:
-    """A wall clock the test moves by hand (replaces ``calls.now_ms``)."""
-
-    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
-        self.ms = start_ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 def test_same_key_twice_is_one_effect_with_the_same_answer(sw_bucket: S3Bucket) -> None:
     node = wallet_node(sw_bucket, "n1")
     try:
@@ -259,20 +249,19 @@ def test_restore_output_keeps_the_call_log(
         node.stop()
 
 
-def test_keys_expire_after_the_window(sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    monkeypatch.setattr(calls, "now_ms", clock)
+def test_keys_expire_after_the_window(sw_bucket: S3Bucket) -> None:
+    """Keys age on the node's runtime clock, which a test moves forward by hand."""
     node = wallet_node(sw_bucket, "n1", idempotency_window_s=60)
     try:
         assert call(node, "deposit", key="old", amount=1) == 1
-        clock.ms += 30_000
+        node.clock.advance(30)
         assert call(node, "deposit", key="new", amount=1) == 2
-        clock.ms += 29_999  # "old" is 59.999 s old: still remembered, its answer replayed
+        node.clock.advance(29)  # "old" is 59-60 s old: still remembered, its answer replayed
         assert call(node, "deposit", key="old", amount=1) == 1
-        clock.ms += 1  # 60 s: forgotten; a retry runs again
+        node.clock.advance(2)  # past 60 s: forgotten; a retry runs again
         assert call(node, "deposit", key="old", amount=1) == 3
         assert call(node, "recorded_keys") == ["new", "old"]  # re-recorded, newest last
-        clock.ms += 60_000  # both expired; an unkeyed write collects them
+        node.clock.advance(61)  # both expired; an unkeyed write collects them
         assert call(node, "deposit", amount=1) == 4
         assert call(node, "recorded_keys") == []
     finally:

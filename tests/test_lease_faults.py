@@ -1,13 +1,14 @@
 """Lease faults on the real store, in process: transient errors never fence a healthy node,
 a 412 is reconciled by reading the record, only another process generation fences early,
-taking the lease backs off while the store fails, and a clock off the store's is refused.
+taking the lease backs off while the store fails, a clock off the store's is refused at
+start, and a store clock that jumps forward fences.
 
 Each fault is injected by a wrapper on the lease key only; TTLs are ones a loaded machine
 can renew (2 s)."""
 
 from __future__ import annotations
 
-import dataclasses
+import re
 import threading
 import time
 
@@ -15,6 +16,7 @@ import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.actors.lease import ClockSkew
+from cellactors.clock import StoreClock, mono, wall_ms
 from cellactors.errors import AmbiguousWrite, BucketError
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Applied, Bucket, CasResult, Guard, Match
@@ -38,7 +40,16 @@ class LeaseFaults(CuttableBucket):
         self.get_faults = 0  # lease GETs that fail
         self.fail_all_until = 0.0  # monotonic: every lease request fails with a 503 until then
         self.requests: list[float] = []  # monotonic times of lease requests
-        self.clock_offset_ms = 0  # shift of the store clock the dialect reports
+        self.clock_offset_ms = 0  # this machine's clock minus the store's, as answers show
+        self.store_clock = StoreClock("lease faults")
+
+    @property
+    def clock(self) -> StoreClock:
+        return self.store_clock
+
+    def _answered(self, sent: float) -> None:
+        """Every answer shows the store's time: this machine's, shifted by the offset."""
+        self.store_clock.observe_ms(sent, mono(), wall_ms() - self.clock_offset_ms, 1)
 
     def _lease_request(self, key: str) -> bool:
         if key != LEASE:
@@ -50,15 +61,19 @@ class LeaseFaults(CuttableBucket):
         return True
 
     def get(self, key):  # type: ignore[no-untyped-def]
+        sent = mono()
         if self._lease_request(key):
             with self.lock:
                 fail = self.get_faults > 0
                 self.get_faults -= fail
             if fail:
                 raise BucketError("GET failed: HTTP 503 (test)")
-        return self.inner.get(key)
+        found = self.inner.get(key)
+        self._answered(sent)
+        return found
 
     def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        sent = mono()
         if not self._lease_request(key):
             return self.inner.put_cas(key, body, guard)
         with self.lock:
@@ -68,10 +83,7 @@ class LeaseFaults(CuttableBucket):
         result = self.inner.put_cas(key, body, guard)
         if fault == "lost":
             raise AmbiguousWrite("connection reset after the write applied (test)")
-        if isinstance(result, Applied):
-            return dataclasses.replace(
-                result, server_ms=int(time.time() * 1000) - self.clock_offset_ms
-            )
+        self._answered(sent)
         return result
 
 
@@ -174,7 +186,7 @@ def test_taking_the_lease_backs_off_while_the_store_fails(faults: LeaseFaults) -
 def test_a_clock_off_the_store_refuses_to_start(faults: LeaseFaults) -> None:
     faults.clock_offset_ms = 5_000  # the store is 5 s behind this machine
     node = Node(faults, "n1", [Counter], NodeSettings(lease_ttl=TTL, advertise="127.0.0.1:19"))
-    with pytest.raises(ClockSkew, match=r"at least [34]\.\ds ahead of the store's"):
+    with pytest.raises(ClockSkew, match=r"at least [345]\.\ds ahead of the store's"):
         node.start(give_up_after=10)
     node.stop()
 
@@ -187,12 +199,28 @@ def test_a_clock_within_the_bound_starts(faults: LeaseFaults) -> None:
     assert fenced == []
 
 
-def test_a_clock_that_drifts_after_start_fences(faults: LeaseFaults) -> None:
+def test_a_store_clock_that_jumps_ahead_after_start_fences(faults: LeaseFaults) -> None:
+    """Peers judge leases on the store's clock: one that jumps 5 s ahead may make them see
+    this node's lease as expired early, so the node fences at its next answer."""
     fenced: list[str] = []
     node = start_node(faults, fenced, max_clock_skew=1.0)
     try:
         faults.clock_offset_ms = -5_000  # the store now reads 5 s ahead of this machine
         eventually(lambda: bool(fenced), timeout=2 * TTL + 5)
-        assert "behind the store's" in fenced[0]
+        assert re.search(r"the store's clock jumped \+[45]\.\d+s", fenced[0]), fenced
+        assert node.metrics_text().count('cellactors_clock_jumps_total{clock="store"} 1.0') == 1
+    finally:
+        node.stop()
+
+
+def test_a_store_clock_that_jumps_back_does_not_fence(faults: LeaseFaults) -> None:
+    """A store clock that moves back only makes leases look live longer: nothing to fence
+    for (the node logs it and counts it)."""
+    fenced: list[str] = []
+    node = start_node(faults, fenced, max_clock_skew=10.0)
+    try:
+        faults.clock_offset_ms = 5_000
+        survives(node, fenced, 3)
+        assert 'cellactors_clock_jumps_total{clock="store"} 1.0' in node.metrics_text()
     finally:
         node.stop()

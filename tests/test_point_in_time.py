@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.cli import main
+from cellactors.clock import wall_ms as time_ms
 from cellactors.core.changes import HistoryCollected
 from cellactors.persistence import keys
 from cellactors.persistence.celldb import CellDatabase, dump
@@ -25,7 +26,6 @@ from cellactors.persistence.restore import (
     PointNotRestorable,
     collect_garbage,
     restore_at,
-    time_ms,
 )
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Sandbox
@@ -50,8 +50,8 @@ STEPS: list[list[str]] = [
 ]
 
 
-def later_than(stamp: int) -> bool:
-    return time_ms() > stamp
+def later_than(node: Any, stamp: int) -> bool:
+    return int(node.clock.now_ms()) > stamp
 
 
 def acked_txid(node: Any) -> int:
@@ -85,9 +85,9 @@ def test_point_in_time_restores_equal_copies_taken_at_each_point(
             node.cell(Sandbox, "s").run(statements)
             txid = acked_txid(node)
             copies[txid] = cell_dump(node, CELL)
-            stamp = time_ms()
+            stamp = node.clock.now_ms()  # transactions are stamped in the store's time
             times.append((stamp, txid))
-            eventually(functools.partial(later_than, stamp), timeout=2, interval=0.001)
+            eventually(functools.partial(later_than, node, stamp), timeout=2, interval=0.001)
         eventually(lambda: len(list(sw_bucket.list(keys.cell_root(CELL) + "snap/"))) >= 2)
         assert sorted(copies) == list(range(1, len(STEPS) + 1))
         epoch = 3  # the owner's epoch (2) plus one

@@ -150,6 +150,9 @@ class FakeNode:
         self.drain_release.set()
         self.drains = 0
 
+    def store_time(self) -> float:
+        return time.time()
+
     def call(
         self,
         cls_name: str,

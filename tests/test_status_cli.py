@@ -8,10 +8,11 @@ import json
 from click.testing import CliRunner
 
 from cellactors.cli import main
+from cellactors.clock import wall_ms as now_ms
 from cellactors.core.types import NodeLease
 from cellactors.persistence.bucket import Absent
 from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.leases import LeaseStore, now_ms
+from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.s3 import S3Bucket
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cellactors.clock import wall_ms as now_ms
 from cellactors.errors import AmbiguousWrite, BucketError, InvalidCellId
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import (
@@ -27,7 +28,6 @@ from cellactors.persistence.leases import (
     LeaseStore,
     NodeLease,
     encode_lease,
-    now_ms,
 )
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.peer_auth import ensure_peer_key
@@ -263,7 +263,7 @@ def _seed_fleet(bucket: Bucket) -> None:
     for node, lease in [
         ("n1", _lease("n1")),  # self
         ("n2", _lease("n2")),  # live peer
-        ("n3", _lease("n3", ttl_ms=-1)),  # expired
+        ("n3", _lease("n3", ttl_ms=-5_000)),  # expired (beyond the Date header's second)
         ("n4", _lease("n4", peer_protocol=PEER_PROTOCOL + 1)),  # other protocol
         ("n5", _lease("n5", addr="")),  # unreachable
         ("n9", _lease("n9")),  # live, but its object will look stale

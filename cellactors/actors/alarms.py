@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from cellactors.core import alarms
 from cellactors.core.alarms import Action, Wake, WakeState
 from cellactors.errors import BucketError, CallError, NodeUnavailable, StaleRoute
-from cellactors.persistence import calls
 from cellactors.persistence.wakes import WakeStore
 
 #: The least time between two scans that departed entries (alarms of cells this node
@@ -200,7 +199,7 @@ class AlarmDriver:
             now = time.monotonic()
             with self._cond:
                 scan_now, self._scan_now = self._scan_now, False
-                now_ms = calls.now_ms()
+                now_ms = self.node.clock.now_ms()
                 departed_due = bool(self._departed) and self._departed[0] <= now_ms
                 # However many cells this node released, their alarms cost at most one LIST
                 # per DEPARTED_SCAN_GAP_S; and any scan covers every departed entry due by
@@ -218,7 +217,7 @@ class AlarmDriver:
                 last_scan = now
                 self._scan()
             with self._cond:
-                due = self._schedule.pop_due(calls.now_ms())
+                due = self._schedule.pop_due(self.node.clock.now_ms())
                 for cell_id, _wake in due:
                     self._busy.add(cell_id)
             for cell_id, wake in due:
@@ -229,9 +228,9 @@ class AlarmDriver:
                 wait = next_scan - time.monotonic()
                 at = self._schedule.next_at()
                 if at is not None:
-                    wait = min(wait, (at - calls.now_ms()) / 1000)
+                    wait = min(wait, (at - self.node.clock.now_ms()) / 1000)
                 if self._departed:
-                    due_in = (self._departed[0] - calls.now_ms()) / 1000
+                    due_in = (self._departed[0] - self.node.clock.now_ms()) / 1000
                     spaced = last_scan + DEPARTED_SCAN_GAP_S - time.monotonic()
                     wait = min(wait, max(due_in, spaced))
                 if wait > 0:
@@ -252,7 +251,7 @@ class AlarmDriver:
             return
         self.scans += 1
         node.metrics.wake_scans.inc()
-        now = calls.now_ms()
+        now = self.node.clock.now_ms()
         try:
             entries = list(self.store.due(now))
         except BucketError as err:
@@ -331,14 +330,14 @@ class AlarmDriver:
             if result == "abandoned":
                 log.error("alarm of %s abandoned after its last allowed failure", cell_id)
             elif result == "not_due":
-                retry = max(wake.at_ms, calls.now_ms() + 10)
+                retry = max(wake.at_ms, self.node.clock.now_ms() + 10)
         except StaleRoute:
             pass  # another live node owns the cell now
         except NodeUnavailable:
             return
         except Exception as err:
             log.info("alarm of %s not run yet: %s", cell_id, err)
-            retry = calls.now_ms() + int(FIRE_RETRY_S * 1000)
+            retry = self.node.clock.now_ms() + int(FIRE_RETRY_S * 1000)
         finally:
             with self._cond:
                 self._busy.discard(cell_id)

@@ -50,6 +50,7 @@ from cellactors.actors.messages import (
     ReadOutbox,
     TakeImage,
 )
+from cellactors.clock import RuntimeClock, StoreClock
 from cellactors.core import alarms
 from cellactors.errors import (
     UNKNOWN,
@@ -142,6 +143,8 @@ class CellRuntime:
     next_txid: int
     last_used: float = field(default_factory=time.monotonic)
     services: CellServices | None = None
+    #: The runtime's clock (alarms, key retention, transaction stamps): the node's.
+    clock: RuntimeClock = field(default_factory=lambda: RuntimeClock(StoreClock("local")))
     #: The ``last_used`` of the idle period whose memory was last trimmed (node's reaper).
     trimmed_for: float | None = None
     #: Runs a call to a read-only method in the calling thread when the cell is idle
@@ -313,6 +316,11 @@ class CellActor(pykka.ThreadingActor):
 
     # --- the API cells use inside their methods -----------------------------------------
 
+    def now(self) -> float:
+        """The runtime's time in epoch seconds: the store's clock, which alarms fall due by
+        (set alarms from it, not from ``time.time()``, whose machine may be off)."""
+        return self._require_runtime().clock.now()
+
     def set_alarm(self, at: float | datetime) -> None:
         """Have :meth:`on_alarm` run at ``at`` (epoch seconds or a datetime), replacing any
         alarm set before. Part of the current transaction: it exists once that is durable."""
@@ -346,7 +354,7 @@ class CellActor(pykka.ThreadingActor):
             raise BadRequest(f"{cls_name} has no public method {method!r}")
         check_serializable(kwargs, "message arguments")
         with database.runtime_writes() as tables:
-            return tables.add_message(rt.next_txid, target, method, dict(kwargs))
+            return tables.add_message(rt.next_txid, target, method, dict(kwargs), rt.clock.now_ms())
 
     @classmethod
     def exposed_methods(cls) -> frozenset[str]:
@@ -504,7 +512,7 @@ class CellActor(pykka.ThreadingActor):
             return
         effect = rt.database.tables.state() if rt.database.tables.touched else None
         image = rt.database.image() if changes.schema_changed else None
-        txn = to_txn(rt.next_txid, changes, image, int(time.time() * 1000))
+        txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms())
         rt.next_txid += 1
         try:
             rt.channel.commit(txn, effect)
@@ -518,7 +526,7 @@ class CellActor(pykka.ThreadingActor):
         rt = self._require_runtime()
         outcome = Outcome(msg.reply, "not_due")
         row = rt.database.tables.alarm()
-        if row is not None and row.at_ms <= calls.now_ms():
+        if row is not None and row.at_ms <= rt.clock.now_ms():
             rt.last_used = time.monotonic()
             self._chain = (self.cell_id,)
 
@@ -532,7 +540,7 @@ class CellActor(pykka.ThreadingActor):
                 outcome.value = "fired"
             except Exception as err:
                 failures = row.failures + 1
-                again = alarms.retry_at(self._alarm_policy(), failures, calls.now_ms())
+                again = alarms.retry_at(self._alarm_policy(), failures, rt.clock.now_ms())
                 log.warning(
                     "on_alarm of %s failed (%d in a row): %s: %s",
                     self.cell_id,
@@ -595,7 +603,7 @@ class CellActor(pykka.ThreadingActor):
         try:
             arguments = bound_arguments(type(self), msg.method, fn, msg.args, msg.kwargs)
             digest = calls.args_digest(arguments, msg.args, msg.kwargs)
-            recorded = rt.database.calls.lookup(msg.key, msg.retention, calls.now_ms())
+            recorded = rt.database.calls.lookup(msg.key, msg.retention, rt.clock.now_ms())
             if recorded is None:
                 return False, digest
             rt.last_used = time.monotonic()
@@ -649,7 +657,7 @@ class CellActor(pykka.ThreadingActor):
 
         def on_write(_result: Any) -> None:
             assert call is not None
-            now = calls.now_ms()
+            now = rt.clock.now_ms()
             if key is not None:
                 rt.database.calls.record(key, call.method, digest, encoded, now)
             rt.database.calls.collect(call.retention, now)

@@ -2,8 +2,12 @@
 
 It takes the identity at start (waiting, with a log line, while another live process holds
 it), renews every TTL/3 with If-Match, and fences the node when a renewal is rejected or
-none has succeeded by the deadline. The deadline is checked by a watchdog thread on the
-monotonic clock, so a renewal stuck in a slow request cannot postpone the fence.
+none has succeeded by the deadline. The deadline is checked by a watchdog thread on
+:func:`cellactors.clock.mono`, so a renewal stuck in a slow request cannot postpone the
+fence. Expiries are written in the store's time (:class:`cellactors.clock.StoreClock`), so
+no node's wall clock decides when a lease lapses; the watchdog also notices a wall clock
+that jumps (logged and counted: nothing depends on it) and the lease clock fences the node
+when the store's own time jumps forward (see :class:`LeaseClock`).
 """
 
 from __future__ import annotations
@@ -12,16 +16,16 @@ import datetime
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from cellactors.core import lease_rules
+from cellactors.clock import StoreClock, mono, wall_ms
+from cellactors.core import lease_rules, store_clock
 from cellactors.errors import BucketError, ConfigError
 from cellactors.persistence.bucket import Applied, CasResult, Guard, Match
-from cellactors.persistence.leases import LeaseStore, NodeLease, now_ms
+from cellactors.persistence.leases import LeaseStore, NodeLease
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +39,68 @@ class FenceDeadline:
         self.value = float("inf")
 
     def passed(self) -> bool:
-        return lease_rules.should_fence(self.value, time.monotonic())
+        return lease_rules.should_fence(self.value, mono())
 
 
 class ClockSkew(ConfigError):
     """This machine's clock is off from the store's by more than the allowed bound."""
+
+
+class LeaseClock:
+    """How this node judges leases: on the store's clock, and not at all for a while after
+    the store's time jumped.
+
+    A jump (an answer of the store that disagrees with what earlier answers and the
+    monotonic clock predicted by more than half the fence margin) means the bounds that
+    earlier decisions rested on were wrong. For one lease TTL after it, :meth:`judge` says
+    nothing: a holder of a lease renews within that time and sees the jump itself (and
+    fences when the store's time moved forward), so a takeover decided after it is decided
+    on bounds both agree on. ``on_forward_jump`` is called for a forward jump (the node
+    fences: peers may think its lease lapsed early)."""
+
+    def __init__(
+        self,
+        store: StoreClock,
+        ttl_s: float,
+        on_forward_jump: Callable[[str], None] | None = None,
+        on_jump: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.tolerance_ms = store_clock.jump_tolerance_ms(lease_rules.fence_margin(ttl_s))
+        self.on_forward_jump = on_forward_jump
+        self.on_jump = on_jump  # metrics
+        self._settle_until = float("-inf")
+        self._unsubscribe = store.on_jump(self._jumped)
+
+    def _jumped(self, ms: float) -> None:
+        if abs(ms) <= self.tolerance_ms:
+            return
+        self._settle_until = mono() + self.ttl_s
+        if self.on_jump is not None:
+            self.on_jump()
+        if ms > 0 and self.on_forward_jump is not None:
+            self.on_forward_jump(
+                f"the store's clock jumped {ms / 1000:+.3f}s against this machine's monotonic "
+                f"clock (more than {self.tolerance_ms / 1000:.3g}s): peers may judge this "
+                "node's lease expired early"
+            )
+        elif ms < 0:
+            log.warning(
+                "the store's clock jumped %.3fs back; lease expiries are not judged for %gs",
+                ms / 1000,
+                self.ttl_s,
+            )
+
+    def judge(self) -> int | None:
+        """The store time that lease expiries are compared with now (surely reached), or
+        None while the clock settles after a jump: then no lease may be taken as expired."""
+        if mono() < self._settle_until:
+            return None
+        return self.store.low_ms()
+
+    def close(self) -> None:
+        self._unsubscribe()
 
 
 class LeaseActor(pykka.ThreadingActor):
@@ -57,9 +118,12 @@ class LeaseActor(pykka.ThreadingActor):
         shared_deadline: FenceDeadline | None = None,
         max_skew_s: float | None = None,
         on_renewed: Callable[[], None] | None = None,
+        on_wall_jump: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.on_renewed = on_renewed  # after each confirmed lease write (metrics)
+        self.on_wall_jump = on_wall_jump  # metrics
+        self.clock = store.bucket.clock
         self.shared_deadline = shared_deadline or FenceDeadline()
         self.store = store
         self.generation = generation
@@ -75,7 +139,8 @@ class LeaseActor(pykka.ThreadingActor):
         self.renewals = 0
         self.failures = 0  # consecutive failed attempts (backoff)
         self.next_attempt = float("inf")  # monotonic time of the next renewal
-        self.clock_offset_ms: tuple[int, int] | None = None  # last measured bounds
+        self.clock_offset_ms: tuple[int, int] | None = None  # wall - store, last measured
+        self._skewed = False  # the wall clock is off the store's (logged once per episode)
         self._attempts: dict[int, float] = {}  # expires_ms -> sent (monotonic), unconfirmed
         self._stopping = threading.Event()
         self._renewing = threading.Event()
@@ -96,17 +161,17 @@ class LeaseActor(pykka.ThreadingActor):
         """Take our identity; blocks while another live process holds it, and backs off
         (capped, with jitter) while the store fails. Returns the expiry. Raises
         :class:`ClockSkew` when this machine's clock is off from the store's."""
-        started = time.monotonic()
+        started = mono()
         announced = False
         while not self._stopping.is_set():
-            if give_up_after is not None and time.monotonic() - started > give_up_after:
+            if give_up_after is not None and mono() - started > give_up_after:
                 raise BucketError(f"could not take node id {self.store.node} in time")
             try:
                 current = self.store.read_lease(self.store.node)
             except BucketError as err:
                 self._back_off(f"reading the lease failed: {err}")
                 continue
-            decision = lease_rules.decide_start(current, self.generation, now_ms())
+            decision = lease_rules.decide_start(current, self.generation, self.clock.low_ms())
             if isinstance(decision, lease_rules.WaitForExpiry):
                 if not announced:
                     log.warning(
@@ -117,7 +182,8 @@ class LeaseActor(pykka.ThreadingActor):
                         decision.expires_ms,
                     )
                     announced = True
-                wait = max(0.05, min(1.0, (decision.expires_ms - now_ms()) / 1000 + 0.05))
+                left_ms = decision.expires_ms - self.clock.low_ms()
+                wait = max(0.05, min(1.0, left_ms / 1000 + 0.05))
                 self._stopping.wait(wait)
                 continue
             if self._attempt(decision.guard, starting=True):
@@ -137,18 +203,16 @@ class LeaseActor(pykka.ThreadingActor):
     ) -> bool:
         """One lease write, reconciled by reading the record back when it did not plainly
         apply. True when a write of ours is now the record (and the deadline moved)."""
-        sent = time.monotonic()
-        sent_ms = now_ms()
-        expires = sent_ms + int(self.ttl * 1000) if expires_ms is None else expires_ms
+        sent = mono()
+        expires = self.clock.expiry_ms(sent, self.ttl) if expires_ms is None else expires_ms
         self._attempts[expires] = sent
         try:
             result: CasResult | None = self.store.cas_node_lease(guard, self._record(expires))
         except BucketError as err:  # ambiguous (5xx, timeout, reset) or a refused request
             log.warning("lease write of %s failed: %s", self.store.node, err)
             result = None
-        received_ms = now_ms()
         if isinstance(result, Applied):
-            self._check_clock(sent_ms, received_ms, result, starting)
+            self._check_clock(starting)
             self._confirm(result.token, sent, expires)
             return True
         try:
@@ -185,27 +249,38 @@ class LeaseActor(pykka.ThreadingActor):
         if self.on_renewed is not None:
             self.on_renewed()
 
-    def _check_clock(self, sent_ms: int, received_ms: int, result: Applied, starting: bool) -> None:
-        if result.server_ms is None:
+    def _check_clock(self, starting: bool) -> None:
+        """Compare this machine's wall clock with the store's. Beyond ``--max-clock-skew``
+        at start the node refuses to start (its users' code and logs would read a wrong
+        time); later it is logged once per episode, and nothing else: no decision of the
+        protocol reads the wall clock."""
+        bounds = self.clock.wall_offset_ms()
+        if bounds is None:
             return
-        bounds = lease_rules.clock_offset_ms(
-            sent_ms, received_ms, result.server_ms, result.server_resolution_ms
-        )
         self.clock_offset_ms = bounds
         excess = lease_rules.clock_excess_ms(bounds, self.max_skew_ms)
         if excess is None:
+            if self._skewed:
+                log.info("this machine's clock agrees with the store's again")
+            self._skewed = False
             return
+        store_now = self.clock.now_ms()
         message = (
             f"this machine's clock is at least {abs(excess) / 1000:.1f}s "
             f"{'ahead of' if excess > 0 else 'behind'} the store's (local "
-            f"{_iso(received_ms)}, store {_iso(result.server_ms)}), beyond the allowed "
-            f"{self.max_skew_ms / 1000:g}s (--max-clock-skew): lease expiries would be "
-            "misjudged; fix the clock (NTP)"
+            f"{_iso(wall_ms())}, store {_iso(store_now)}), beyond the allowed "
+            f"{self.max_skew_ms / 1000:g}s (--max-clock-skew)"
         )
-        log.error("%s", message)
         if starting:
-            raise ClockSkew(message)
-        self._fence(message)
+            log.error("%s; fix the clock (NTP)", message)
+            raise ClockSkew(message + "; fix the clock (NTP)")
+        if not self._skewed:
+            log.warning(
+                "%s; leases, takeovers and alarms follow the store's clock, but the cells' "
+                "own code reads this machine's: fix the clock (NTP)",
+                message,
+            )
+        self._skewed = True
 
     def renew(self) -> bool:
         """One renewal. Transient failures are retried with backoff until the fence
@@ -218,17 +293,17 @@ class LeaseActor(pykka.ThreadingActor):
     def _renew(self) -> bool:
         if self._fenced or self.guard is None or self._stopping.is_set():
             return False
-        if lease_rules.should_fence(self.deadline, time.monotonic()):
+        if lease_rules.should_fence(self.deadline, mono()):
             # Too late: peers may already consider us dead. Never resurrect the lease.
             self._fence("no lease renewal succeeded within the deadline")
             return False
         ok = self._attempt(self.guard)
         interval = lease_rules.renew_interval(self.ttl)
         if ok:
-            self.next_attempt = time.monotonic() + interval
+            self.next_attempt = mono() + interval
         elif not self._fenced:
             self.failures += 1
-            now = time.monotonic()
+            now = mono()
             delay = lease_rules.retry_delay(self.failures, interval / 2, random.random())
             # Several more tries must fit before the deadline, however the backoff grew.
             delay = min(delay, max(0.02, (self.deadline - now) / 4))
@@ -263,19 +338,27 @@ class LeaseActor(pykka.ThreadingActor):
         if self._watchdog is not None:
             return
         me = self.actor_ref
-        self.next_attempt = time.monotonic() + lease_rules.renew_interval(self.ttl)
+        self.next_attempt = mono() + lease_rules.renew_interval(self.ttl)
+        tolerance = store_clock.jump_tolerance_ms(lease_rules.fence_margin(self.ttl))
+        last = (mono(), float(wall_ms()))
 
         def watch() -> None:
+            nonlocal last
             while not self._stopping.wait(0.05):
                 if self._paused.is_set():
                     continue
-                mono = time.monotonic()
-                if lease_rules.should_fence(self.deadline, mono):
+                now = mono()
+                reading = (now, float(wall_ms()))
+                jumped = store_clock.wall_jump_ms(last, reading, tolerance)
+                last = reading
+                if jumped is not None:
+                    self._wall_jumped(jumped)
+                if lease_rules.should_fence(self.deadline, now):
                     self._fence(
                         f"no lease renewal succeeded within the deadline (TTL {self.ttl:g}s)"
                     )
                     return
-                if mono >= self.next_attempt and not self._renewing.is_set():
+                if now >= self.next_attempt and not self._renewing.is_set():
                     self._renewing.set()  # one renewal at a time; the deadline watches it
                     try:
                         me.proxy().renew()
@@ -286,6 +369,15 @@ class LeaseActor(pykka.ThreadingActor):
             target=watch, name=f"lease-{self.store.node}", daemon=True
         )
         self._watchdog.start()
+
+    def _wall_jumped(self, ms: float) -> None:
+        log.warning(
+            "this machine's wall clock jumped %+.3fs; leases, takeovers and alarms follow the "
+            "store's clock and are not affected",
+            ms / 1000,
+        )
+        if self.on_wall_jump is not None:
+            self.on_wall_jump()
 
     def on_stop(self) -> None:
         self._stopping.set()

@@ -152,6 +152,14 @@ class NodeMetrics:
             "expiry written by a drain.",
             registry=r,
         )
+        self.clock_jumps = Counter(
+            "cellactors_clock_jumps",
+            "Jumps seen of this machine's wall clock (clock=wall: logged, nothing depends on "
+            "it) and of the store's clock against this machine's monotonic clock "
+            "(clock=store: leases are not judged for a TTL; a forward jump fences the node).",
+            ["clock"],
+            registry=r,
+        )
         self.alarms = Counter(
             "cellactors_alarm_runs",
             "Runs of on_alarm on this node, by result: fired (committed), retry (raised, "

@@ -23,12 +23,13 @@ from cellactors.actors import limits
 from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
-from cellactors.actors.lease import FenceDeadline, LeaseActor
+from cellactors.actors.lease import FenceDeadline, LeaseActor, LeaseClock
 from cellactors.actors.messages import FireAlarm, Invoke, ask_method
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
 from cellactors.core import alarms as alarm_rules
 from cellactors.errors import (
@@ -53,7 +54,7 @@ from cellactors.persistence import calls, keys
 from cellactors.persistence.bucket import Applied, Bucket
 from cellactors.persistence.celldb import remove_db_files
 from cellactors.persistence.gate import GatedBucket
-from cellactors.persistence.leases import LeaseStore, now_ms
+from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.ownership import OwnershipStore
 
@@ -188,7 +189,16 @@ class Node:
             base = Path(self.settings.data_dir)
         self.cells_dir = base / self.node_id / "cells"
         self.cells_dir.mkdir(parents=True, exist_ok=True)
+        #: The runtime's time (alarms, key retention, transaction stamps): the store's.
+        self.clock = RuntimeClock(self.gate.clock)
         self.deadline = FenceDeadline()
+        #: Lease expiries are judged on the store's clock (docs/protocol.md, "Clocks").
+        self.lease_clock = LeaseClock(
+            self.gate.clock,
+            self.settings.lease_ttl,
+            on_forward_jump=self.fence,
+            on_jump=self.metrics.clock_jumps.labels("store").inc,
+        )
         self.lease: pykka.ActorRef[Any] = LeaseActor.start(
             self.leases,
             self.generation,
@@ -198,6 +208,7 @@ class Node:
             self.deadline,
             self.settings.max_clock_skew,
             on_renewed=self.metrics.lease_renewals.inc,
+            on_wall_jump=self.metrics.clock_jumps.labels("wall").inc,
         )
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name=f"reaper-{node_id}", daemon=True)
@@ -666,6 +677,8 @@ class Node:
             "on_acked": self.metrics.ack_latency.observe,
             "services": self,
             "sink": lambda epoch: self.alarms.sink(cell_id, epoch),
+            "judge": self.lease_clock.judge,
+            "clock": self.clock,
         }
         with self._lock:
             dormant = self._dormant.pop(cell_id, None)
@@ -852,6 +865,7 @@ class Node:
             self._hosts.clear()
             self._dormant.clear()  # their files are never reused: nothing vouches for them now
         log.error("SELF-FENCE: node %s: %s", self.node_id, reason)
+        self.lease_clock.close()
         self.alarms.stop()
         self.outbox.stop()
         try:
@@ -928,6 +942,7 @@ class Node:
         """Drain if serving; always stop the lease actor and clean temporary files."""
         if self.status in ("serving", "starting"):
             self.drain()
+        self.lease_clock.close()
         self._reaper_stop.set()
         self.alarms.stop()
         self.outbox.stop()
@@ -952,6 +967,10 @@ class Node:
         if self.status == "stopped":
             return self.fence_reason is None
         return self.status in ("serving", "draining") and not self.deadline.passed()
+
+    def store_time(self) -> float:
+        """The store's time in epoch seconds, as this node knows it (signed forwards)."""
+        return self.gate.clock.now_ms() / 1000
 
     def state(self) -> dict[str, Any]:
         """This node and its resident cells (``GET /state``): per cell its epoch, acked and
@@ -997,8 +1016,10 @@ class Node:
 
     def fleet(self) -> dict[str, Any]:
         """Every node lease in the bucket, live or expired (``GET /fleet``): one listing of
-        ``nodes/`` and one read per lease, through this node's gate."""
-        now = now_ms()
+        ``nodes/`` and one read per lease, through this node's gate. ``now_ms`` is the
+        store's time, which expiries are in."""
+        leases = self.leases.read_all()
+        now = self.gate.clock.now_ms()
         nodes = [
             {
                 "node": lease.node,
@@ -1009,7 +1030,7 @@ class Node:
                 "load": lease.load,
                 "self": lease.node == self.node_id,
             }
-            for lease in self.leases.read_all()
+            for lease in leases
         ]
         return {"node": self.node_id, "now_ms": now, "nodes": nodes}
 

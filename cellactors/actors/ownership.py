@@ -24,6 +24,7 @@ from cellactors.actors.pooled import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool
+from cellactors.clock import RuntimeClock
 from cellactors.core import acquire as acq
 from cellactors.core.alarms import WakeState
 from cellactors.errors import (
@@ -35,7 +36,7 @@ from cellactors.errors import (
 )
 from cellactors.persistence.bucket import Applied, Bucket
 from cellactors.persistence.celldb import CellDatabase, remove_db_files
-from cellactors.persistence.leases import LeaseStore, now_ms
+from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.restore import create_seal, restore
 
@@ -106,8 +107,14 @@ class OwnershipActor(PooledActor):
         on_acked: Callable[[float], None] | None = None,
         services: Any = None,
         sink: Callable[[int], EffectSink] | None = None,
+        judge: Callable[[], int | None] | None = None,
+        clock: RuntimeClock | None = None,
     ) -> None:
         super().__init__()
+        self.clock = clock or RuntimeClock(bucket.clock)
+        #: The store time lease expiries are judged against (None: not now), see
+        #: :class:`cellactors.actors.lease.LeaseClock`.
+        self.judge = judge or bucket.clock.low_ms
         self.services = services  # what the cell asks of its node (calls to other cells)
         self.sink = sink  # per epoch: the wake entries and outbox around acknowledgements
         self.on_acked = on_acked  # each transaction's commit-to-ack time (metrics)
@@ -133,10 +140,15 @@ class OwnershipActor(PooledActor):
         ambiguous = 0
         for _ in range(acq.MAX_ATTEMPTS):
             record = self.ownership.read_owner(self.cell_id)
-            decision = acq.decide(me, record, now_ms())
+            decision = acq.decide(me, record, None)
             if isinstance(decision, acq.ReadLease):
-                snap = self.leases.read_lease(decision.node)
-                decision = acq.decide(me, record, now_ms(), snap.lease if snap else None)
+                snap = self.leases.read_lease(decision.node)  # its answer feeds the clock
+                decision = acq.decide(me, record, self.judge(), snap.lease if snap else None)
+            if isinstance(decision, acq.Defer):
+                raise ActivationFailed(
+                    f"{self.cell_id} is owned by {decision.node}, whose lease cannot be judged "
+                    "while the store's clock settles after a jump; try again shortly"
+                )
             if isinstance(decision, acq.Remote):
                 return decision
             assert isinstance(decision, acq.Claim)
@@ -228,6 +240,7 @@ class OwnershipActor(PooledActor):
             channel=channel,
             next_txid=last_txid + 1,
             services=self.services,
+            clock=self.clock,
         )
         worker = SnapshotWorker(
             self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s

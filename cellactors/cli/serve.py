@@ -288,9 +288,9 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     default=None,
     type=click.FloatRange(min=0.0),
     metavar="SECONDS",
-    help="Largest allowed offset between this machine's clock and the store's (measured "
-    "from its Date header at start and on every lease renewal): beyond it the node refuses "
-    "to start or fences itself [lease TTL / 4].",
+    help="Largest allowed offset between this machine's wall clock and the store's (from "
+    "the Date of its answers): beyond it the node refuses to start, and warns once running; "
+    "leases and alarms follow the store's clock either way [lease TTL / 4].",
 )
 @_option(
     "--max-resident-cells",

@@ -21,7 +21,7 @@ from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import BucketError, InvalidCellId
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.leases import ListedLease, list_leases, now_ms
+from cellactors.persistence.leases import ListedLease, list_leases
 from cellactors.persistence.ownership import OwnershipStore
 
 CELLS_PREFIX = "cells/"
@@ -106,8 +106,9 @@ def _cell_rows(
 
 def read_status(bucket: Bucket, limit: int, after: str = "") -> FleetStatus:
     """Read the leases and one page of cells."""
-    at = now_ms()
-    nodes = [_node_row(listed, at) for listed in list_leases(bucket)]
+    listed = list_leases(bucket)
+    at = bucket.clock.now_ms()  # the store's time, as its answers just showed it
+    nodes = [_node_row(item, at) for item in listed]
     alive = {n.node for n in nodes if n.state == "alive"}
     cells, next_after = _cell_rows(bucket, limit, after, alive)
     return FleetStatus(bucket.spec, at, nodes, cells, next_after)

@@ -41,7 +41,16 @@ class Remote:
     generation: str = ""
 
 
-Decision = Claim | ReadLease | Remote
+@dataclass(frozen=True)
+class Defer:
+    """The owner's lease cannot be judged now (the store's clock is settling after a jump):
+    neither take the cell nor route to the owner; the call fails as not run and is retried
+    later."""
+
+    node: str
+
+
+Decision = Claim | ReadLease | Remote | Defer
 
 _UNREAD = object()
 
@@ -49,18 +58,31 @@ _UNREAD = object()
 def decide(
     me: str,
     record: OwnerRecord | None,
-    now_ms: int,
+    now_ms: int | None,
     lease: NodeLease | object | None = _UNREAD,
 ) -> Decision:
-    """Next step of an acquire, given the ownership record and (if read) the owner's lease."""
+    """Next step of an acquire, given the ownership record and (if read) the owner's lease.
+
+    ``now_ms`` is the store's time, surely reached (:class:`cellactors.clock.StoreClock`),
+    or None when it cannot be trusted now: then a lease whose expiry is all that separates
+    a live owner from a dead one defers the decision. A lease that is missing, written for
+    another node, released (expiry 0) or without an address needs no clock."""
     if record is None:
         return Claim(epoch=1, guard=Absent())
     if record.node in (me, ""):
         return Claim(epoch=record.epoch + 1, guard=Match(record.token))
     if lease is _UNREAD:
         return ReadLease(record.node)
-    if isinstance(lease, NodeLease) and lease.node == record.node and lease.is_live(now_ms):
-        return Remote(record.node, lease.addr, lease.generation)
+    if (
+        isinstance(lease, NodeLease)
+        and lease.node == record.node
+        and lease.addr
+        and lease.expires_ms > 0
+    ):
+        if now_ms is None:
+            return Defer(record.node)
+        if lease.is_live(now_ms):
+            return Remote(record.node, lease.addr, lease.generation)
     return Claim(
         epoch=record.epoch + 1,
         guard=Match(record.token),

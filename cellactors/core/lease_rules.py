@@ -1,8 +1,9 @@
 """Node lease decisions (docs/protocol.md, "Node lease and self-fence").
 
-Time is passed in: ``now_ms`` is wall time (compared with lease expiries written by other
-nodes); ``mono`` is this process's monotonic clock, which anchors the self-fence deadline so
-that a wall-clock jump cannot extend it.
+Time is passed in: ``now_ms`` is the store's time, surely reached (compared with lease
+expiries, which are written in store time: :mod:`cellactors.core.store_clock`); ``mono`` is
+this process's monotonic clock, which anchors the self-fence deadline so that a wall-clock
+jump cannot extend it.
 """
 
 from __future__ import annotations
@@ -112,19 +113,9 @@ def retry_delay(failures: int, cap_s: float, jitter: float) -> float:
 # --- clocks -------------------------------------------------------------------------------
 
 
-def clock_offset_ms(
-    sent_ms: int, received_ms: int, server_ms: int, resolution_ms: int
-) -> tuple[int, int]:
-    """Bounds (low, high) of this machine's clock minus the store's, from one request sent at
-    local ``sent_ms`` and answered at ``received_ms`` whose server time reads ``server_ms``
-    (truncated to ``resolution_ms``: the HTTP ``Date`` header has whole seconds). The
-    server's true time lay in [server_ms, server_ms + resolution) and was taken between
-    sending and receiving."""
-    return sent_ms - (server_ms + resolution_ms), received_ms - server_ms
-
-
 def clock_excess_ms(bounds: tuple[int, int], max_skew_ms: int) -> int | None:
-    """The offset when it is *certainly* beyond ``max_skew_ms`` (either way), else None."""
+    """The offset, given as bounds (low, high) of this machine's wall clock minus the store's,
+    when it is *certainly* beyond ``max_skew_ms`` (either way), else None."""
     low, high = bounds
     if low > max_skew_ms:
         return low

@@ -31,15 +31,9 @@ Guard = Absent | Match
 
 @dataclass(frozen=True)
 class Applied:
-    """The conditional write committed; ``token`` identifies the new version.
-
-    ``server_ms`` is the store's clock at the write where the dialect can tell it (the
-    ``Date`` header, or the object's creation time), with ``server_resolution_ms`` its
-    precision; the lease uses it to measure this machine's clock offset."""
+    """The conditional write committed; ``token`` identifies the new version."""
 
     token: str
-    server_ms: int | None = field(default=None, compare=False)
-    server_resolution_ms: int = field(default=1000, compare=False)
 
 
 @dataclass(frozen=True)

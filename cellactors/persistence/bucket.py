@@ -16,6 +16,7 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cellactors.clock import StoreClock
 from cellactors.core.types import Absent, Applied, CasResult, Guard, Match, Rejected
 
 __all__ = [
@@ -86,6 +87,20 @@ class Bucket(abc.ABC):
 
     #: Human-readable location, e.g. ``s3://bucket/prefix``.
     spec: str
+
+    @property
+    def clock(self) -> StoreClock:
+        """The store's clock as this process knows it, fed by the ``Date`` of this store's
+        answers (:mod:`cellactors.clock`). A wrapper (an object with an ``inner`` bucket)
+        shares its inner bucket's; a dialect that feeds none has one that knows nothing, so
+        its readings fall back to the wall clock."""
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, Bucket):
+            return inner.clock
+        own = self.__dict__.get("_own_clock")
+        if own is None:
+            own = self.__dict__["_own_clock"] = StoreClock(getattr(self, "spec", "bucket"))
+        return own
 
     @abc.abstractmethod
     def get(self, key: str) -> StoredObject | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,31 +44,6 @@ DEFAULT_MAX_KEYS = 10_000
 #: At most this many rows are collected per write transaction (bounded work per call).
 COLLECT_PER_TXN = 64
 MAX_KEY_LENGTH = 255
-
-
-#: Added to the wall clock by :func:`now_ms`; only ``cellactors.testing`` moves it, to
-#: advance alarm time in a test fleet (leases keep the real clock).
-_offset_ms = 0
-
-
-def now_ms() -> int:
-    """The runtime's clock in milliseconds: what keys are stamped with and alarms fall due
-    by; the wall clock, unless a test fleet advanced it."""
-    return int(time.time() * 1000) + _offset_ms
-
-
-def advance_clock(seconds: float) -> None:
-    """Move :func:`now_ms` forward (tests only: ``cellactors.testing.Fleet.advance_alarms``)."""
-    global _offset_ms
-    if seconds < 0:
-        raise ValueError("the runtime's clock only moves forward")
-    _offset_ms += int(seconds * 1000)
-
-
-def reset_clock() -> None:
-    """Back to the wall clock (a test fleet's teardown)."""
-    global _offset_ms
-    _offset_ms = 0
 
 
 @dataclass(frozen=True)

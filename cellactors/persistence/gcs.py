@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import google.api_core.exceptions as gexc
@@ -29,6 +29,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
+from cellactors.clock import StoreClock, mono, shared_store_clock
 from cellactors.errors import (
     AmbiguousWrite,
     BucketError,
@@ -140,6 +141,8 @@ def _new_client(emulator: str | None) -> Any:
     # requests keeps 10 connections per host by default; cells call from many threads.
     # (An mTLS session has its own adapter, which we must not replace.)
     session = client._http
+    # Every answer's Date feeds the store's clock (the hook runs once its headers are in).
+    session.hooks["response"].append(_clock_feeder(_store_clock(emulator)))
     if not getattr(session, "is_mtls", False):
         adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=_POOL_SIZE)
         session.mount("https://", adapter)
@@ -147,15 +150,32 @@ def _new_client(emulator: str | None) -> Any:
     return client
 
 
-def _client() -> Any:
-    """The process-wide client for the current emulator setting, created on first use."""
+def _clock_feeder(clock: StoreClock) -> Callable[..., None]:
+    """A requests response hook feeding each answer's ``Date`` to ``clock``: the request
+    left ``elapsed`` before its headers came back."""
+
+    def feed(response: requests.Response, *_args: Any, **_kwargs: Any) -> None:
+        received = mono()
+        elapsed = response.elapsed.total_seconds() if response.elapsed else 0.0
+        clock.observe(received - elapsed, received, response.headers.get("date"))
+
+    return feed
+
+
+def _client() -> tuple[Any, StoreClock]:
+    """The process-wide client for the current emulator setting, created on first use, and
+    the clock of the store it talks to."""
     emulator = os.environ.get(EMULATOR_VAR) or None
     with _clients_lock:
         client = _clients.get(emulator)
         if client is None:
             client = _new_client(emulator)
             _clients[emulator] = client
-        return client
+        return client, _store_clock(emulator)
+
+
+def _store_clock(emulator: str | None) -> StoreClock:
+    return shared_store_clock(("gcs", emulator), emulator or "storage.googleapis.com")
 
 
 def _ms(value: datetime.datetime | None) -> int:
@@ -181,9 +201,13 @@ class GcsBucket(Bucket):
         self.prefix = prefix
         self.timeout = timeout
         self.spec = f"gs://{bucket}" + (f"/{prefix}" if prefix else "")
-        self._client = _client()
+        self._client, self._clock = _client()
         self._bucket = self._client.bucket(bucket)
         self._retry: Retry = DEFAULT_RETRY.with_timeout(timeout)
+
+    @property
+    def clock(self) -> StoreClock:
+        return self._clock
 
     def _key(self, key: str) -> str:
         return join_prefix(self.prefix, key)
@@ -273,9 +297,7 @@ class GcsBucket(Bucket):
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
         except gexc.GoogleAPIError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-        updated = blob.updated  # the store's clock at the write
-        server_ms = int(updated.timestamp() * 1000) if updated is not None else None
-        return Applied(_token(key, blob.generation), server_ms=server_ms)
+        return Applied(_token(key, blob.generation))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         try:

@@ -1,15 +1,15 @@
 """Node leases: ``nodes/<node>.json``, renewed with conditional writes.
 
 A lease says which process (generation) holds a node identity, where peers reach it
-(``addr``), and until when (``expires_ms``, wall clock of the writer). Peers treat a lease
-whose expiry has passed by their own clock as dead.
+(``addr``), and until when (``expires_ms``, in the store's time: see
+:mod:`cellactors.clock`). Peers treat a lease as dead once the store's time is surely past
+its expiry.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import time
 from dataclasses import dataclass
 
 from cellactors.core.types import PEER_PROTOCOL, LeaseSnapshot, NodeLease
@@ -25,14 +25,9 @@ __all__ = [
     "NodeLease",
     "encode_lease",
     "list_leases",
-    "now_ms",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def encode_lease(lease: NodeLease) -> bytes:
@@ -153,7 +148,7 @@ class LeaseStore:
         that names no valid node, or a lease that does not decode (a stray object, or a
         peer speaking a future format), is skipped rather than failing the whole listing.
         """
-        at = now_ms() if at_ms is None else at_ms
+        at = self.bucket.clock.now_ms() if at_ms is None else at_ms
         horizon = at - int(max(3 * self.ttl_s, 60.0) * 1000)
         listed = list_leases(self.bucket, modified_since_ms=horizon, skip_node=self.node)
         return [

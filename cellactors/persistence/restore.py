@@ -415,7 +415,8 @@ def collect_garbage(
 
     Without retention (``retain_s`` 0) that snapshot is the one just written at
     (``snap_epoch``, ``snap_txid``). With retention it is the newest usable snapshot uploaded
-    at least ``retain_s`` before ``now_ms`` (:func:`cellactors.core.retention.retention_base`),
+    at least ``retain_s`` before ``now_ms`` (default: the store's time now;
+    :func:`cellactors.core.retention.retention_base`),
     so history stays in the bucket for the change feed and point-in-time restores until a
     snapshot covering it has aged; nothing is collected while there is none.
 
@@ -431,7 +432,8 @@ def collect_garbage(
     )
     base: restore_plan.SnapshotRef | None = newest
     if retain_s > 0:
-        horizon = (time_ms() if now_ms is None else now_ms) - int(retain_s * 1000)
+        # Upload times are the store's, so the horizon is in the store's time too.
+        horizon = (bucket.clock.now_ms() if now_ms is None else now_ms) - int(retain_s * 1000)
         uploaded = {info.key: info.last_modified_ms for info in infos}
         seals: dict[int, int] = {}
         while True:
@@ -457,8 +459,3 @@ def collect_garbage(
         bucket.delete(key)
         deleted += 1
     return deleted
-
-
-def time_ms() -> int:
-    """This machine's wall clock in milliseconds."""
-    return int(time.time() * 1000)

@@ -134,16 +134,18 @@ class RuntimeTables:
 
     # --- outbox -------------------------------------------------------------------------
 
-    def add_message(self, txid: int, target: str, method: str, kwargs: dict[str, Any]) -> str:
-        """Record one message in the current transaction (committed as ``txid``); its id
-        is the idempotency key of its delivery."""
+    def add_message(
+        self, txid: int, target: str, method: str, kwargs: dict[str, Any], now_ms: int
+    ) -> str:
+        """Record one message in the current transaction (committed as ``txid``), sent at
+        ``now_ms`` (the runtime's clock); its id is the idempotency key of its delivery."""
         if not _exists(self.conn, OUTBOX_TABLE):
             self.conn.execute(OUTBOX_SQL)
         message_id = "outbox." + secrets.token_hex(16)
         self.conn.execute(
             f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (message_id, txid, target, method, calls.encode(kwargs), calls.now_ms()),
+            (message_id, txid, target, method, calls.encode(kwargs), now_ms),
         )
         self.touched = True
         return message_id

@@ -8,7 +8,6 @@ PUT that had already committed would come back as a false 412.
 from __future__ import annotations
 
 import dataclasses
-import email.utils
 import re
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import botocore.config
 import botocore.exceptions
 import botocore.httpsession
 
+from cellactors.clock import StoreClock, mono, shared_store_clock
 from cellactors.errors import AmbiguousWrite, BucketError, StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.bucket import (
     MAX_CAS_BODY,
@@ -74,7 +74,26 @@ _UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 _clients_lock = threading.Lock()
-_clients: dict[tuple[Any, ...], tuple[Any, Any, DirectS3 | None]] = {}
+_clients: dict[tuple[Any, ...], tuple[Any, Any, DirectS3 | None, StoreClock]] = {}
+_sent = threading.local()  # when this thread last sent a boto3 request (mono)
+
+
+def _note_sent(**_kwargs: Any) -> None:
+    _sent.at = mono()
+
+
+def _clock_feeder(clock: StoreClock) -> Any:
+    """A ``response-received`` handler that feeds every boto3 answer's ``Date`` to
+    ``clock`` (the request was sent from the same thread, :func:`_note_sent`)."""
+
+    def feed(response_dict: dict[str, Any] | None = None, **_kwargs: Any) -> None:
+        if response_dict is None:
+            return
+        received = mono()
+        headers = response_dict.get("headers") or {}
+        clock.observe(getattr(_sent, "at", received), received, headers.get("date"))
+
+    return feed
 
 
 def _client_pair(
@@ -83,9 +102,9 @@ def _client_pair(
     access_key: str | None,
     secret_key: str | None,
     timeout: float,
-) -> tuple[Any, Any, DirectS3 | None]:
-    """Return (plain client, conditional client, direct client or None), created once per
-    process per config."""
+) -> tuple[Any, Any, DirectS3 | None, StoreClock]:
+    """Return (plain client, conditional client, direct client or None, the store's clock),
+    created once per process per config; every answer on any of them feeds the clock."""
     key = (endpoint, region, access_key, secret_key, timeout)
     with _clients_lock:
         pair = _clients.get(key)
@@ -119,15 +138,20 @@ def _client_pair(
                 endpoint_url=endpoint,
                 config=botocore.config.Config(retries={"total_max_attempts": 1}, **common),
             )
+            clock = shared_store_clock(("s3", plain.meta.endpoint_url), plain.meta.endpoint_url)
             for client in (plain, cas):
                 # Every HTTP request, each botocore retry included, passes a fenced node's gate.
                 client.meta.events.register("before-send.s3", refuse_if_fenced)
-            pair = (plain, cas, _direct(session, plain, endpoint, timeout))
+                client.meta.events.register("before-send.s3", _note_sent)
+                client.meta.events.register("response-received.s3", _clock_feeder(clock))
+            pair = (plain, cas, _direct(session, plain, endpoint, timeout, clock), clock)
             _clients[key] = pair
         return pair
 
 
-def _direct(session: Any, plain: Any, endpoint: str | None, timeout: float) -> DirectS3 | None:
+def _direct(
+    session: Any, plain: Any, endpoint: str | None, timeout: float, clock: StoreClock
+) -> DirectS3 | None:
     """The direct client for plain GETs and PUTs, where it may be used
     (:mod:`cellactors.persistence.s3_direct`)."""
     if not DirectS3.usable(endpoint):
@@ -141,6 +165,7 @@ def _direct(session: Any, plain: Any, endpoint: str | None, timeout: float) -> D
         credentials,
         timeout=timeout,
         ca_certs=botocore.httpsession.get_cert_path(True),
+        clock=clock,
     )
 
 
@@ -172,16 +197,6 @@ def _is_missing(err: botocore.exceptions.ClientError) -> bool:
     name, a bucket deleted) is a failure, never an absent object."""
     status, code = _status(err)
     return code in _MISSING_CODES or (status == 404 and not code)
-
-
-def _http_date_ms(date: str | None) -> int | None:
-    """The store's clock from a response's ``Date`` header (whole seconds), if any."""
-    if not date:
-        return None
-    try:
-        return int(email.utils.parsedate_to_datetime(date).timestamp() * 1000)
-    except (TypeError, ValueError):
-        return None
 
 
 def _error_code(body: bytes) -> str:
@@ -236,9 +251,13 @@ class S3Bucket(Bucket):
         self.prefix = prefix
         self.endpoint = endpoint
         self.spec = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
-        self._plain, self._cas, self._direct = _client_pair(
+        self._plain, self._cas, self._direct, self._clock = _client_pair(
             endpoint, region, access_key, secret_key, timeout
         )
+
+    @property
+    def clock(self) -> StoreClock:
+        return self._clock
 
     def _key(self, key: str) -> str:
         return join_prefix(self.prefix, key)
@@ -336,8 +355,7 @@ class S3Bucket(Bucket):
             raise failure(f"conditional PUT {key}", err) from err  # never sent: not ambiguous
         except botocore.exceptions.BotoCoreError as err:
             raise AmbiguousWrite(f"conditional PUT {key}: {err}") from err
-        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-        return Applied(str(resp["ETag"]), server_ms=_http_date_ms(date))
+        return Applied(str(resp["ETag"]))
 
     def _put_conditional_direct(
         self, direct: DirectS3, key: str, body: bytes, condition: tuple[str, str], guard: Guard
@@ -356,7 +374,7 @@ class S3Bucket(Bucket):
         etag = answer.headers.get("etag")
         if etag is None:
             raise AmbiguousWrite(f"conditional PUT {key}: applied without an ETag")
-        return Applied(etag, server_ms=_http_date_ms(answer.headers.get("date")))
+        return Applied(etag)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         for page in self._pages(prefix, self._key(prefix)):

@@ -45,6 +45,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from typing import Any
 
+from cellactors.clock import StoreClock, mono
 from cellactors.persistence.bucket import ObjectInfo, StoredObject
 from cellactors.persistence.gate import refuse_if_fenced
 from cellactors.persistence.keepalive import (
@@ -100,6 +101,7 @@ class DirectS3:
         timeout: float,
         pool_size: int = 256,
         ca_certs: str | None = None,
+        clock: StoreClock | None = None,
     ) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -117,6 +119,7 @@ class DirectS3:
             tls=tls,
             size=pool_size,
         )
+        self.clock = clock  # fed by the Date of every answer
         self._key_lock = threading.Lock()
         self._signing_key: tuple[tuple[str, str], bytes] | None = None
         #: Conditional PUTs take this path until an answer (of any request) comes back in a
@@ -240,6 +243,7 @@ class DirectS3:
                     self.pool.close()
                     pooled = False
                     conn = self.pool.connect()
+                sent = mono()
                 answer = conn.exchange(request)
             except WireError as err:
                 if isinstance(err, Unreadable) and self.conditional:
@@ -257,6 +261,8 @@ class DirectS3:
                     continue
                 raise Undecided(f"{method} failed: {err}") from err
             self.pool.give(conn)
+            if self.clock is not None:
+                self.clock.observe(sent, mono(), answer.headers.get("date"))
             return answer
         raise AssertionError("unreachable")
 

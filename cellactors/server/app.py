@@ -119,6 +119,11 @@ class NodeLike(Protocol):
 
     def may_answer(self) -> bool: ...
 
+    def store_time(self) -> float:
+        """The store's time in epoch seconds (signed forwards are stamped and checked with
+        it, so nodes whose wall clocks disagree still accept each other's)."""
+        ...
+
     def state(self) -> dict[str, Any]: ...
 
     def metrics_text(self) -> str: ...
@@ -609,6 +614,7 @@ class _PublicCore(_Core):
             target=owner.node,
             target_generation=owner.generation,
             idempotency_key=call.key,
+            now=self.node.store_time(),
         )
         headers["Content-Type"] = codec.CONTENT_TYPES[encoding]
         try:
@@ -752,6 +758,7 @@ class _InternalCore(_Core):
                 expected_target=self.node.node_id,
                 expected_generation=self.node.generation,
                 nonces=self.nonces,
+                now=self.node.store_time(),
                 window=self.settings.signature_window,
             )
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))

@@ -12,6 +12,8 @@ owner up again), a request sent without an answer ``not_durable`` (``unknown``).
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -54,9 +56,11 @@ class PeerCaller:
         fleet_key: bytes,
         timeout: float = 40.0,
         connect_timeout: float = 3.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_id = node_id
         self.key = fleet_key
+        self.clock = clock  # epoch seconds the signatures are stamped with (the store's)
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._local = threading.local()
 
@@ -90,6 +94,7 @@ class PeerCaller:
             target=owner.node,
             target_generation=owner.generation,
             idempotency_key=key,
+            now=self.clock(),
         )
         headers["Content-Type"] = codec.CONTENT_TYPES["msgpack"]
         if chain:

@@ -129,6 +129,7 @@ class Runner:
                     fleet_key,
                     self.settings.forward_timeout,
                     self.settings.forward_connect_timeout,
+                    node.store_time,
                 )
             )
         self.public_app = build_public_app(node, fleet_key, self.settings)
