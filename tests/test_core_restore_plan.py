@@ -15,6 +15,7 @@ from cellactors.core.restore_plan import (
     BatchRef,
     EpochStep,
     Hole,
+    Lagging,
     Listing,
     NeedSeal,
     Plan,
@@ -284,6 +285,7 @@ def drive(
     asked: list[int] = []
     for _ in range(len(listing.seals) + 1):
         result: PlanResult = plan_restore(listing, current, seals, unusable)
+        assert not isinstance(result, Lagging), "no floor was given: a plan never lags"
         if not isinstance(result, NeedSeal):
             return result, asked
         assert result.epoch in listing.seals, f"asked for the unlisted seal of {result.epoch}"
@@ -659,6 +661,30 @@ def test_plans(
 def test_superseded_restore_is_a_hole(folder: Folder) -> None:
     result, _ = drive(folder.listing(), 3, folder.seals)
     assert isinstance(result, Hole), result
+
+
+@pytest.mark.parametrize(
+    ("folder", "floor", "reached"),
+    [
+        pytest.param(Folder({1: [(1, 3)]}), 5, 3, id="the newest batches not listed yet"),
+        pytest.param(Folder(), 2, 0, id="nothing listed yet"),
+        pytest.param(Folder({1: [(1, 5)]}, {1: 5}), 7, 5, id="the released epoch unlisted"),
+    ],
+)
+def test_a_plan_below_the_released_floor_lags(folder: Folder, floor: int, reached: int) -> None:
+    """A release recorded ``floor`` acknowledged: a listing that rebuilds less lags, and
+    nothing is sealed (without the floor, the shorter chain would be sealed for good)."""
+    planned = plan_restore(folder.listing(), 3, dict(folder.seals), floor=floor)
+    assert planned == Lagging(floor, reached)
+    without = plan_restore(folder.listing(), 3, dict(folder.seals))
+    assert isinstance(without, Plan) and without.last_txid == reached
+
+
+def test_a_plan_that_reaches_the_floor_is_planned() -> None:
+    folder = Folder({1: [(1, 3)], 2: [(4, 6)]}, {1: 3})
+    planned = plan_restore(folder.listing(), 3, dict(folder.seals), floor=6)
+    assert isinstance(planned, Plan) and planned.last_txid == 6
+    assert sealed(planned) == [(2, 6)]
 
 
 def test_sealed_epoch_with_every_batch_deleted_is_a_hole() -> None:

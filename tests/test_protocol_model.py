@@ -9,6 +9,12 @@ hypothesis interleaves them: a claim can race another node's claim, a restore ca
 between its listing and its seals, and an upload can land long after its node was paused,
 crashed or replaced.
 
+With ``lagging`` set, the store's listings omit every object written in the last
+``LAG_MS`` (a store without list-after-write), and only graceful hand-offs move the cell:
+the release records its acknowledged txid in ``own.json``, and the next restore must not
+seal or open below it (``restore_plan.Lagging``: it lists again later). A takeover after
+a crash needs listings that show every write at once, which ``cellactors qualify`` checks.
+
 Active owners also snapshot acknowledged state (an upload that may land late, like a
 batch) and then collect what the snapshot covers, in steps others interleave with: the
 ownership re-read, then the deletes, which a node paused in between may issue after a
@@ -71,6 +77,29 @@ ROOT = keys.cell_root(CELL)
 TTL_MS = 10_000
 SNAPSHOT_EVERY = 2  # txids since the last snapshot before a node's progress snapshots
 NODE_IDS = ("n1", "n2", "n3")
+LAG_MS = 8_000  # how long a lagging store's listings hide a new object
+MAX_LAG_LISTINGS = 40  # a restore waiting for a lagging listing gives up after so many
+
+
+class LaggingBucket(MemoryBucket):
+    """The model's store: a memory bucket that remembers when (model time) each object
+    was written, so that a lagging listing can leave out the recent ones."""
+
+    def __init__(self, now: Callable[[], int]) -> None:
+        super().__init__("model")
+        self.now = now
+        self.written: dict[str, int] = {}
+
+    def put(self, key: str, body: bytes) -> str:
+        token = super().put(key, body)
+        self.written[key] = self.now()
+        return token
+
+    def put_cas(self, key: str, body: bytes, guard: Guard) -> CasResult:
+        result = super().put_cas(key, body, guard)
+        if isinstance(result, Applied):
+            self.written[key] = self.now()
+        return result
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,8 @@ class Restore:
     """An activation's restore: listings so far, the plan, and the state it rebuilt."""
 
     listings: int = 0
+    floor: int = 0  # the txid the release before this claim recorded
+    lagged: int = 0  # listings that did not reach the floor yet
     plan: restore_plan.Plan | None = None
     state: list[int] = field(default_factory=list)
     to_seal: list[restore_plan.EpochStep] = field(default_factory=list)
@@ -213,8 +244,9 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bucket = MemoryBucket("model")
         self.now = 1_000_000  # simulated wall clock, ms
+        self.bucket = LaggingBucket(lambda: self.now)
+        self.lag_ms = 0  # listings hide objects written in the last lag_ms
         self.nodes: list[Node] = []
         self.values = itertools.count(1)
         self.generations = itertools.count(1)
@@ -243,6 +275,16 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def clock(self, n: Node) -> int:
         return self.now + n.skew_ms
+
+    def listed(self) -> list[str]:
+        """The cell's keys as a restore's listing shows them (a lagging store's omits what
+        was written in the last ``lag_ms``)."""
+        horizon = self.now - self.lag_ms
+        return [
+            info.key
+            for info in self.bucket.list(ROOT)
+            if not self.lag_ms or self.bucket.written.get(info.key, horizon) <= horizon
+        ]
 
     def can_act(self, n: Node) -> bool:
         return n.running and not n.paused
@@ -312,6 +354,7 @@ class ProtocolModel(RuleBasedStateMachine):
         warm=st.integers(0, 3),
         handoffs=st.integers(0, 2),
         snapshots=st.booleans(),
+        lagging=st.booleans(),
     )
     def setup(
         self,
@@ -320,11 +363,14 @@ class ProtocolModel(RuleBasedStateMachine):
         warm: int = 0,
         handoffs: int = 0,
         snapshots: bool = False,
+        lagging: bool = False,
     ) -> None:
         """Start the nodes; with ``warm``, n1 already owns the cell and acknowledged that
         many writes (so that short runs start from an interesting place), then hands it to
         the next node ``handoffs`` times (each owner writing as many), each owner taking a
-        snapshot and collecting before it releases when ``snapshots``."""
+        snapshot and collecting before it releases when ``snapshots``. With ``lagging``, the
+        store's listings lag (see the module docstring)."""
+        self.lag_ms = LAG_MS if lagging else 0
         for node_id, skew in zip(NODE_IDS[:count], skews[:count], strict=True):
             n = Node(
                 node_id,
@@ -338,6 +384,8 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         for i in range(handoffs + 1):
             owner = self.nodes[i % count]
+            if i and self.lag_ms:
+                self.tick(self.lag_ms)  # the listing shows the released writes by now
             for _ in range(12):
                 if owner.phase == "active":
                     break
@@ -488,6 +536,9 @@ class ProtocolModel(RuleBasedStateMachine):
                 n.phase, n.pending = "idle", None
                 return
         assert isinstance(decision, acquire.Claim)
+        if decision.takeover and self.lag_ms:
+            n.phase, n.pending = "idle", None  # only graceful hand-offs with lagging listings
+            return
         if decision.takeover:
             event("takeover decided")
         n.phase, n.pending = "claiming", decision
@@ -505,7 +556,7 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         claim = n.pending
         assert claim is not None
-        result = n.owner.cas_owner(CELL, claim.guard, claim.epoch)
+        result = n.owner.cas_owner(CELL, claim.guard, claim.epoch, claim.floor)
         if not isinstance(result, Applied):
             event("claim rejected")
             n.phase, n.pending = "idle", None  # someone moved first: start again
@@ -516,7 +567,7 @@ class ProtocolModel(RuleBasedStateMachine):
         self.claims.append((claim.epoch, (n.id, n.generation)))
         n.phase, n.pending, n.epoch = "claimed", None, claim.epoch
         n.state, n.shipped, n.upload = [], 0, None
-        n.restore = Restore()
+        n.restore = Restore(floor=claim.floor)
 
     @precondition(lambda self: any(self.may_claim(n) for n in self.nodes))
     @rule(data=st.data())
@@ -539,7 +590,7 @@ class ProtocolModel(RuleBasedStateMachine):
         if n.snap is not None and n.snap.stage != "done":
             event("release cancelled the collection")
         n.snap = None
-        n.owner.release_owner(CELL, n.epoch)
+        n.owner.release_owner(CELL, n.epoch, n.gate.acked)
         self.reset_cell(n)
 
     @precondition(lambda self: any(self.may_release(n) for n in self.nodes))
@@ -571,15 +622,25 @@ class ProtocolModel(RuleBasedStateMachine):
         r = n.restore
         assert r is not None
         r.listings += 1
-        listing = restore_plan.parse_listing(ROOT, [i.key for i in self.bucket.list(ROOT)])
+        listing = restore_plan.parse_listing(ROOT, self.listed())
         seals: dict[int, int] = {}
         while True:
-            planned = restore_plan.plan_restore(listing, n.epoch, seals)
+            planned = restore_plan.plan_restore(listing, n.epoch, seals, floor=r.floor)
             if not isinstance(planned, restore_plan.NeedSeal):
                 break
             value = read_seal(self.bucket, CELL, planned.epoch)
             assert value is not None, "a listed seal vanished within one step"
             seals[planned.epoch] = value
+        if isinstance(planned, restore_plan.Lagging):
+            # The release recorded more than the listing shows: wait for it (the runtime
+            # backs off within a deadline), never seal below it.
+            r.listings -= 1
+            r.lagged += 1
+            event("restore waits for a lagging listing")
+            if r.lagged >= MAX_LAG_LISTINGS:
+                event("restore failed: the listing kept lagging")
+                self.reset_cell(n)
+            return
         if isinstance(planned, restore_plan.Hole):
             self.relist(n, "a hole")
             return
@@ -623,6 +684,8 @@ class ProtocolModel(RuleBasedStateMachine):
         n.phase = "sealing"
         if r.listings > 1:
             event("restore succeeded after listing again")
+        if r.lagged:
+            event("restore reached the released floor after a lagging listing")
 
     def do_restore_seal(self, n: Node) -> None:
         """Create the next seal the plan asks for; when none is left, open the cell."""
@@ -1397,6 +1460,29 @@ def test_scenario_release_then_reacquire_elsewhere() -> None:
     m.do_release(n1)
     activate(m, n2)  # released: no lease read, no wait
     assert n2.epoch == 2 and n2.state == [1]
+
+
+def test_scenario_a_lagging_listing_after_a_release_waits_for_the_released_txid() -> None:
+    """The listing hides the batch n1 acknowledged just before its release: n2's restore
+    neither seals nor opens until the listing shows txid 1 (without the floor the release
+    recorded it would seal epoch 1 empty, losing the write for good)."""
+    m = ProtocolModel()
+    m.setup(count=2, skews=[0, 0, 0], lagging=True)
+    n1, n2 = m.nodes
+    activate(m, n1)
+    m.do_write(n1)
+    replicate(m, n1)
+    m.do_release(n1)
+    m.do_acquire_read(n2)
+    m.do_acquire_claim(n2)
+    m.do_restore_step(n2)
+    assert n2.phase == "claimed" and n2.restore is not None and n2.restore.lagged == 1
+    assert read_seal(m.bucket, CELL, 1) is None  # nothing sealed below the released txid
+    m.tick(LAG_MS)
+    while n2.phase in RESTORING:
+        m.do_restore_step(n2)
+    assert n2.phase == "active" and n2.state == [1]
+    assert read_seal(m.bucket, CELL, 1) == 1
 
 
 def test_scenario_zombie_of_the_same_node_id_cannot_acknowledge() -> None:

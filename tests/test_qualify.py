@@ -19,6 +19,7 @@ from cellactors.persistence.bucket import (
     StoredObject,
 )
 from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.qualify import (
     EXIT_DISQUALIFIED,
     EXIT_INCOMPLETE,
@@ -26,10 +27,12 @@ from cellactors.persistence.qualify import (
     RoundResult,
     run_contract,
     run_hammer,
+    run_listing,
     verdict,
 )
 from cellactors.persistence.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3
+from tests.faults.proxy import FaultProxy
 
 # Small runs: SeaweedFS makes losers of a race wait, so every round costs about a second.
 WRITERS = 4
@@ -119,6 +122,48 @@ def test_contract_holds_on_seaweedfs_and_cleans_up(sw_bucket: S3Bucket) -> None:
         "update-stale",
     ]
     assert _probe_keys(sw_bucket) == []
+
+
+@pytest.mark.parametrize("store", ["seaweed", "gcs"])
+def test_listings_show_every_write_and_delete_at_once(
+    store: str, sw_bucket: S3Bucket, request: pytest.FixtureRequest
+) -> None:
+    bucket: Bucket = sw_bucket if store == "seaweed" else request.getfixturevalue("gcs_bucket")
+    report = run_listing(bucket)
+    assert report.ok, report.summary()
+    assert report.listings == 10  # one after each of 5 PUTs and 5 DELETEs
+    assert _probe_keys(bucket) == []
+
+
+def test_qualify_exits_1_on_a_store_whose_listings_lag(
+    proxy: FaultProxy, sw_bucket: S3Bucket
+) -> None:
+    """Listings that leave out what was written in the last 5 s: a crash takeover would
+    restore from such a listing and seal acknowledged writes away."""
+    proxy.lag_listings(5.0)
+    lagging = S3Bucket(sw_bucket.bucket, endpoint=proxy.endpoint)
+    result = _invoke(_qualify_args(lagging))
+    assert result.exit_code == EXIT_DISQUALIFIED, result.output
+    assert "list-after-write: listings lag: the listing right after PUT" in result.stdout
+    line = _last_line(result.stdout)
+    assert line.startswith("NOT QUALIFIED (exit 1): listings lag behind writes"), line
+    assert "seal acknowledged writes away" in line
+    assert _probe_keys(sw_bucket) == []
+
+
+class SkippingPages(MemoryBucket):
+    """A store whose listing continuation drops every second page."""
+
+    def list_pages(self, prefix: str, page_size: int) -> Iterator[list[ObjectInfo]]:
+        everything = list(self.list(prefix))
+        for number, start in enumerate(range(0, len(everything), page_size)):
+            yield everything[start : start + page_size] if number % 2 == 0 else []
+
+
+def test_a_listing_that_loses_objects_across_pages_is_caught() -> None:
+    report = run_listing(SkippingPages("pages"))
+    assert not report.ok
+    assert "lacks probe/" in report.problems[0]
 
 
 # --------------------------------------------------------------------------- fakes

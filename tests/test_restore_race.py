@@ -6,6 +6,7 @@ the activation without writing a seal."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -122,7 +123,8 @@ def run(bucket: MemoryBucket, epoch: int, tmp_path: Path) -> tuple[RestoreResult
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The executor's backoff between listings, recorded instead of slept."""
     slept: list[float] = []
-    monkeypatch.setattr(restore_module, "time", SimpleNamespace(sleep=slept.append))
+    fake = SimpleNamespace(sleep=slept.append, monotonic=time.monotonic)
+    monkeypatch.setattr(restore_module, "time", fake)
     return slept
 
 

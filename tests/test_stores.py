@@ -128,7 +128,8 @@ def test_cas_owner_create_then_match(bucket: Bucket) -> None:
     assert rec is not None
     assert (rec.node, rec.epoch, rec.token, rec.released) == ("n1", 1, first.token, False)
     stored = bucket.get(keys.owner_key(CELL))
-    assert stored is not None and json.loads(stored.body) == {"node": "n1", "epoch": 1}
+    assert stored is not None
+    assert json.loads(stored.body) == {"node": "n1", "epoch": 1, "acked_txid": 0}
 
     # A second create loses, whoever tries it.
     assert isinstance(OwnershipStore(bucket, "n2").cas_owner(CELL, Absent(), 1), Rejected)
@@ -148,19 +149,20 @@ def test_takeover_by_match_moves_ownership(bucket: Bucket) -> None:
     rec = n1.read_owner(CELL)
     assert rec is not None and (rec.node, rec.epoch) == ("n2", 2)
     # n1 can no longer release: it is not named at its epoch.
-    assert isinstance(n1.release_owner(CELL, 1), Rejected)
+    assert isinstance(n1.release_owner(CELL, 1, 0), Rejected)
 
 
 def test_release_by_owner_at_its_epoch(bucket: Bucket) -> None:
     n1 = OwnershipStore(bucket, "n1")
     created = _applied(n1.cas_owner(CELL, Absent(), 1))
-    released = _applied(n1.release_owner(CELL, 1))
+    released = _applied(n1.release_owner(CELL, 1, 17))
     rec = n1.read_owner(CELL)
     assert rec is not None
     assert (rec.node, rec.epoch, rec.released, rec.token) == ("", 1, True, released.token)
+    assert rec.acked_txid == 17  # the next owner's floor
     assert released.token != created.token
     # Releasing twice does nothing: the record no longer names n1.
-    assert isinstance(n1.release_owner(CELL, 1), Rejected)
+    assert isinstance(n1.release_owner(CELL, 1, 0), Rejected)
     # Anyone can acquire a released cell at the next epoch.
     _applied(OwnershipStore(bucket, "n2").cas_owner(CELL, Match(rec.token), 2))
     after = n1.read_owner(CELL)
@@ -177,7 +179,7 @@ def test_release_not_naming_this_node_at_epoch_writes_nothing(
 ) -> None:
     owner = OwnershipStore(spy.inner, "n1")
     token = _applied(owner.cas_owner(CELL, Absent(), 3)).token
-    result = OwnershipStore(spy, releaser).release_owner(CELL, epoch)
+    result = OwnershipStore(spy, releaser).release_owner(CELL, epoch, 0)
     assert isinstance(result, Rejected)
     assert spy.writes() == []
     rec = owner.read_owner(CELL)
@@ -185,7 +187,7 @@ def test_release_not_naming_this_node_at_epoch_writes_nothing(
 
 
 def test_release_of_absent_cell_creates_nothing(spy: Spy) -> None:
-    assert isinstance(OwnershipStore(spy, "n1").release_owner(CELL, 1), Rejected)
+    assert isinstance(OwnershipStore(spy, "n1").release_owner(CELL, 1, 0), Rejected)
     assert spy.writes() == []
     assert spy.inner.get(keys.owner_key(CELL)) is None
 
@@ -199,7 +201,7 @@ def test_release_loses_to_a_concurrent_takeover(spy: Spy) -> None:
         _applied(OwnershipStore(spy.inner, "n2").cas_owner(CELL, Match(token), 2))
 
     spy.before_cas = takeover  # n2 moves between n1's read and n1's conditional write
-    assert isinstance(n1.release_owner(CELL, 1), Rejected)
+    assert isinstance(n1.release_owner(CELL, 1, 0), Rejected)
     rec = n1.read_owner(CELL)
     assert rec is not None and (rec.node, rec.epoch) == ("n2", 2)
 
@@ -209,7 +211,7 @@ def test_invalid_cell_id_makes_no_request(spy: Spy) -> None:
     for call in (
         lambda: store.read_owner("Counter:../../nodes/n1"),
         lambda: store.cas_owner("no-colon", Absent(), 1),
-        lambda: store.release_owner("A:b\n", 1),
+        lambda: store.release_owner("A:b\n", 1, 0),
     ):
         with pytest.raises(InvalidCellId):
             call()

@@ -796,7 +796,7 @@ class Node:
         self.alarms.released(cell_id)
         copy = dormant.copy
         try:
-            released = self.ownership.release_owner(cell_id, copy.epoch)
+            released = self.ownership.release_owner(cell_id, copy.epoch, copy.last_txid)
         except (BucketError, AmbiguousWrite) as err:
             log.warning("release of hibernated %s failed: %s", cell_id, err)
             released = None

@@ -157,7 +157,9 @@ class OwnershipActor(PooledActor):
                 if elsewhere is not None:
                     return elsewhere
             try:
-                result = self.ownership.cas_owner(self.cell_id, decision.guard, decision.epoch)
+                result = self.ownership.cas_owner(
+                    self.cell_id, decision.guard, decision.epoch, decision.floor
+                )
             except AmbiguousWrite:
                 ambiguous += 1
                 if acq.confirmed(me, decision, self.ownership.read_owner(self.cell_id)):
@@ -210,7 +212,7 @@ class OwnershipActor(PooledActor):
         if local is not None:
             remove_db_files(local.path)
         if database is None:
-            database, last_txid, chain = self._restore_from_bucket(path, epoch)
+            database, last_txid, chain = self._restore_from_bucket(path, epoch, claim.floor)
         return self._open(epoch, database, last_txid, chain, source)
 
     def resume(self, dormant: LocalCopy) -> Active:
@@ -284,10 +286,16 @@ class OwnershipActor(PooledActor):
             record.node, record.epoch, self.ownership.node, epoch
         )
 
-    def _restore_from_bucket(self, path: Path, epoch: int) -> tuple[CellDatabase, int, ChainState]:
+    def _restore_from_bucket(
+        self, path: Path, epoch: int, floor: int
+    ) -> tuple[CellDatabase, int, ChainState]:
+        """Restore from the bucket, never below ``floor`` (the txid the last release
+        recorded: a listing that does not show it yet is waited for)."""
         database = CellDatabase(path)
         try:
-            result = restore(self.bucket, self.cell_id, epoch, database)
+            result = restore(
+                self.bucket, self.cell_id, epoch, database, floor=floor, lag_wait_s=self.deadline_s
+            )
         except BaseException as err:
             database.discard()
             if isinstance(err, (BucketError, CellactorsError)):
@@ -342,7 +350,7 @@ class OwnershipActor(PooledActor):
             return None
         if not keep_ownership:
             try:
-                released = self.ownership.release_owner(self.cell_id, active.epoch)
+                released = self.ownership.release_owner(self.cell_id, active.epoch, channel.acked)
             except (BucketError, AmbiguousWrite) as err:
                 log.warning("release of %s failed: %s", self.cell_id, err)
                 clean = False

@@ -1,9 +1,10 @@
 """``cellactors qualify``: check that a bucket fences the way the fleet protocol needs.
 
-Runs the sequential contract (both dialects) and, for ``s3://`` buckets, the concurrency
-hammer; exits 0 when the store qualifies, 1 when it broke the contract, 2 when the run
-could not complete, 4 or 5 when the store could not be asked at all (no usable credentials,
-unreachable endpoint). The logic lives in :mod:`cellactors.persistence.qualify`.
+Runs the sequential contract and the list-after-write check (both dialects) and, for
+``s3://`` buckets, the concurrency hammer; exits 0 when the store qualifies, 1 when it
+broke the contract or its listings lag, 2 when the run could not complete, 4 or 5 when the
+store could not be asked at all (no usable credentials, unreachable endpoint). The logic
+lives in :mod:`cellactors.persistence.qualify`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from cellactors.errors import StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.qualify import (
     HammerReport,
+    ListingReport,
     RoundResult,
     new_run_id,
     probe_root,
     run_contract,
     run_hammer,
+    run_listing,
     verdict,
 )
 
@@ -47,7 +50,9 @@ def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
     """Qualify a store: exit 0 qualified, 1 contract broken, 2 run could not complete,
     4 no usable credentials, 5 store unreachable.
 
-    Runs the sequential conditional-write contract, then (s3:// only) a concurrency hammer
+    Runs the sequential conditional-write contract, then a list-after-write and
+    list-after-delete check (every object in the very next listing after its PUT, across
+    pages; gone from the next one after its DELETE), then (s3:// only) a concurrency hammer
     in which WRITERS threads race one conditional PUT per round; every round must have
     exactly one winner. Probe objects live under probe/<run id>/ and are deleted afterwards.
     """
@@ -61,6 +66,10 @@ def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
             # Not the store's answer to the contract: it could not be asked at all.
             raise store_failure(contract.cause, store.bucket)
         click.echo(f"sequential contract: {contract.summary()}")
+        listing: ListingReport | None = None
+        if contract.completed:
+            listing = run_listing(bucket, run_id)
+            click.echo(f"list-after-write: {listing.summary()}")
         hammer: HammerReport | None = None
         if is_gcs:
             click.echo(
@@ -74,7 +83,7 @@ def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
     finally:
         bucket.close()
 
-    result = verdict(contract, hammer)
+    result = verdict(contract, hammer, listing)
     for line in result.details:
         click.echo(f"  {line}")
     click.echo(result.line)

@@ -84,7 +84,10 @@ def restore(
         db = CellDatabase(output)
         try:
             if at_txid is None and at_ms is None:
-                result = restore_cell(bucket, cell_id, record.epoch + 1, db, seal=False)
+                # The record says how far the history surely reached: never less.
+                result = restore_cell(
+                    bucket, cell_id, record.epoch + 1, db, seal=False, floor=record.acked_txid
+                )
             else:
                 result = restore_at(
                     bucket, cell_id, record.epoch + 1, db, txid=at_txid, at_ms=at_ms

@@ -16,12 +16,18 @@ MAX_AMBIGUOUS = 3
 
 @dataclass(frozen=True)
 class Claim:
-    """Write ``{me, epoch}`` guarded by ``guard``; ``takeover`` when a dead owner is replaced."""
+    """Write ``{me, epoch}`` guarded by ``guard``; ``takeover`` when a dead owner is replaced.
+
+    ``floor`` is the highest txid the record proves acknowledged (a release records it, a
+    claim carries it forward): the claim writes it again, and the restore after it must
+    reach it before it seals or opens, however long the store's listings take to show the
+    batches that hold it."""
 
     epoch: int
     guard: Guard
     takeover: bool = False
     previous_owner: str = ""
+    floor: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def decide(
     if record is None:
         return Claim(epoch=1, guard=Absent())
     if record.node in (me, ""):
-        return Claim(epoch=record.epoch + 1, guard=Match(record.token))
+        return Claim(record.epoch + 1, Match(record.token), floor=record.acked_txid)
     if lease is _UNREAD:
         return ReadLease(record.node)
     if (
@@ -88,6 +94,7 @@ def decide(
         guard=Match(record.token),
         takeover=True,
         previous_owner=record.node,
+        floor=record.acked_txid,
     )
 
 

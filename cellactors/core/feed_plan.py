@@ -261,4 +261,5 @@ def plan_point(
             oldest = min(later, key=lambda s: s.txid)
             return Collected(target, oldest.txid, oldest)
         return planned
+    assert isinstance(planned, Plan), "no floor was given: a plan never lags"
     return planned  # capped at the target: it seals nothing

@@ -149,6 +149,17 @@ class Hole:
 
 
 @dataclass(frozen=True)
+class Lagging:
+    """The ownership record proves txid ``floor`` was acknowledged (the last release
+    recorded it), but what the listing shows rebuilds history only through ``reached``: the
+    store's listing lags behind its writes. List again, later; never seal below the
+    floor."""
+
+    floor: int
+    reached: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """Start from ``snapshot`` (or an empty database), then run ``steps`` in order."""
 
@@ -170,7 +181,7 @@ class Plan:
         return tuple(step for step in self.steps if step.seal)
 
 
-PlanResult = Plan | NeedSeal | Hole
+PlanResult = Plan | NeedSeal | Hole | Lagging
 
 
 def choose_snapshot(
@@ -221,6 +232,7 @@ def plan_restore(
     seals: Mapping[int, int],
     unusable: AbstractSet[str] = frozenset(),
     target: int | None = None,
+    floor: int = 0,
 ) -> PlanResult:
     """Plan the restore of a cell acquired at epoch ``current`` from one listing.
 
@@ -235,6 +247,10 @@ def plan_restore(
     ``target`` caps the plan at that txid (a read-only restore to a point): history above
     it is neither read nor checked, so an object missing there does not stop the restore,
     and the plan seals nothing.
+
+    ``floor`` is a txid the ownership record proves was acknowledged (a release records
+    it): a plan that ends below it is :class:`Lagging` (the listing does not show every
+    batch written yet), never sealed.
     """
     newer = superseded_by(listing, current)
     if newer is not None:
@@ -317,4 +333,6 @@ def plan_restore(
             f"the bucket proves txid {proven} was acknowledged but the objects listed "
             f"rebuild only through txid {pos}"
         )
+    if min(floor, target if target is not None else floor) > pos:
+        return Lagging(floor, pos)
     return Plan(snap, tuple(steps))

@@ -48,11 +48,17 @@ CasResult = Applied | Rejected
 
 @dataclass(frozen=True)
 class OwnerRecord:
-    """An ownership record (``own.json``) as read, with the token guarding its next overwrite."""
+    """An ownership record (``own.json``) as read, with the token guarding its next overwrite.
+
+    ``acked_txid`` is the highest txid known acknowledged when the record was written: a
+    release writes what its activation acknowledged, a claim carries the previous record's
+    forward. The next owner never seals or answers below it, however far the store's
+    listings lag (0 in records that predate it)."""
 
     node: str
     epoch: int
     token: str
+    acked_txid: int = 0
 
     @property
     def released(self) -> bool:

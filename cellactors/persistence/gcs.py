@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import google.api_core.exceptions as gexc
@@ -300,21 +300,28 @@ class GcsBucket(Bucket):
         return Applied(_token(key, blob.generation))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for page in self.list_pages(prefix, 1000):
+            yield from page
+
+    def list_pages(self, prefix: str, page_size: int) -> Iterator[Sequence[ObjectInfo]]:
         try:
             blobs = self._client.list_blobs(
                 self.bucket,
                 prefix=self._key(prefix),
+                page_size=page_size,
                 timeout=self.timeout,
                 retry=self._retry,
             )
-            for blob in blobs:
-                name = str(blob.name)
-                yield ObjectInfo(
-                    key=strip_prefix(self.prefix, name),
-                    token=_token(name, blob.generation),
-                    size=int(blob.size or 0),
-                    last_modified_ms=_ms(blob.updated),
-                )
+            for page in blobs.pages:
+                yield [
+                    ObjectInfo(
+                        key=strip_prefix(self.prefix, str(blob.name)),
+                        token=_token(str(blob.name), blob.generation),
+                        size=int(blob.size or 0),
+                        last_modified_ms=_ms(blob.updated),
+                    )
+                    for blob in page
+                ]
         except _FAILURES as err:
             raise failure(f"LIST {prefix}", err) from err
 

@@ -1,12 +1,17 @@
 """The ownership store: ``cells/<cell>/own.json`` read and written with conditional writes.
 
-The record is ``{"node": N, "epoch": E}``; a released cell keeps its epoch with an empty node.
-The epoch only grows, so the body never repeats and a stale ETag cannot match again (ABA).
+The record is ``{"node": N, "epoch": E, "acked_txid": T}``; a released cell keeps its epoch
+with an empty node. ``acked_txid`` is the highest txid known acknowledged when the record was
+written: a release writes what its activation acknowledged, a claim carries the previous
+record's forward, so that no later restore seals or opens below it (however far the store's
+listings lag). The epoch only grows, and an epoch is claimed once and released at most once,
+so the body never repeats and a stale ETag cannot match again (ABA).
 """
 
 from __future__ import annotations
 
 from cellactors.core.types import OwnerRecord
+from cellactors.errors import BucketError
 from cellactors.persistence import keys, records
 from cellactors.persistence.bucket import Bucket, CasResult, Guard, Match, Rejected
 
@@ -26,20 +31,26 @@ class OwnershipStore:
         if obj is None:
             return None
         value = records.decode(key, obj.body, {"node": str, "epoch": int})
-        return OwnerRecord(node=value["node"], epoch=value["epoch"], token=obj.token)
+        acked = value.get("acked_txid", 0)
+        if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
+            raise BucketError(f"{key}: acked_txid is not a txid: {acked!r}")
+        return OwnerRecord(value["node"], value["epoch"], obj.token, acked)
 
-    def cas_owner(self, cell_id: str, guard: Guard, epoch: int) -> CasResult:
-        """Write ``{this node, epoch}`` if ``guard`` holds."""
-        body = records.encode({"node": self.node, "epoch": epoch})
+    def cas_owner(self, cell_id: str, guard: Guard, epoch: int, acked_txid: int = 0) -> CasResult:
+        """Write ``{this node, epoch, acked_txid}`` if ``guard`` holds (``acked_txid``: the
+        claim's floor, carried forward from the record it replaces)."""
+        body = records.encode({"node": self.node, "epoch": epoch, "acked_txid": acked_txid})
         return self.bucket.put_cas(keys.owner_key(cell_id), body, guard)
 
-    def release_owner(self, cell_id: str, epoch: int) -> CasResult:
-        """Release the cell if the record still names this node at ``epoch``.
+    def release_owner(self, cell_id: str, epoch: int, acked_txid: int) -> CasResult:
+        """Release the cell if the record still names this node at ``epoch``, recording
+        ``acked_txid``, the highest txid this activation acknowledged (the next owner's
+        floor: :class:`~cellactors.core.acquire.Claim`).
 
         Returns Rejected (and writes nothing) when someone else owns the cell now.
         """
         current = self.read_owner(cell_id)
         if current is None or current.node != self.node or current.epoch != epoch:
             return Rejected("not owner")
-        body = records.encode({"node": "", "epoch": epoch})
+        body = records.encode({"node": "", "epoch": epoch, "acked_txid": acked_txid})
         return self.bucket.put_cas(keys.owner_key(cell_id), body, Match(current.token))

@@ -1,10 +1,14 @@
 """Store qualification: does this bucket fence the way the fleet protocol needs?
 
-Two checks, as in the seeds' "Qualifying a store yourself":
+Three checks:
 
 - :func:`run_contract`, the sequential contract: conditional create, conditional overwrite
   and read-after-write, four steps on one probe key. Both dialects. ``cellactors serve``
   runs it at startup and refuses to start when it fails.
+- :func:`run_listing`, list-after-write and list-after-delete: every object is in the very
+  next listing after its PUT answered (across pages of two), and gone from the next one
+  after its DELETE answered. A takeover after a crash restores from a listing, so a store
+  whose listings lag would have acknowledged writes sealed away. Both dialects.
 - :func:`run_hammer`, the concurrency hammer (S3 dialect): rounds of writers released
   together by a barrier, each racing one conditional PUT; exactly one must win.
 
@@ -188,6 +192,87 @@ def _contract_steps(bucket: Bucket, key: str, rid: str, steps: list[ContractStep
     if isinstance(res, Applied):
         problem = "update with a stale token was Applied (If-Match not enforced)"
     record("update-stale", problem, "Rejected")
+
+
+# --------------------------------------------------------------------------- listing
+
+LISTING_OBJECTS = 5
+LISTING_PAGE = 2  # small pages, so that every listing after the second PUT has several
+
+
+@dataclass(frozen=True)
+class ListingReport:
+    """List-after-write and list-after-delete: ``problems`` names every listing that
+    missed an object just written or showed one just deleted; ``error`` is set when the
+    run could not complete."""
+
+    listings: int
+    problems: tuple[str, ...] = ()
+    error: str | None = None
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None
+
+    @property
+    def ok(self) -> bool:
+        return self.completed and not self.problems
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"listings showed every write and delete at once ({self.listings} listings)"
+        if self.problems:
+            return f"listings lag: {self.problems[0]}"
+        return f"listing check could not complete: {self.error}"
+
+
+def run_listing(
+    bucket: Bucket, run_id: str | None = None, objects: int = LISTING_OBJECTS
+) -> ListingReport:
+    """Write ``objects`` probe objects one at a time, listing (in pages of
+    :data:`LISTING_PAGE`) after each PUT answered: every object written so far must be
+    there. Then delete them one at a time, listing after each DELETE answered: none deleted
+    may be. Probe keys are deleted afterwards, also on failure."""
+    rid = run_id or new_run_id()
+    root = probe_root(rid) + "list/"
+    written: list[str] = []
+    problems: list[str] = []
+    listings = 0
+
+    def listed() -> list[str]:
+        nonlocal listings
+        listings += 1
+        return [info.key for page in bucket.list_pages(root, LISTING_PAGE) for info in page]
+
+    error: str | None = None
+    cause: BaseException | None = None
+    try:
+        for i in range(objects):
+            key = f"{root}{i:04d}"
+            bucket.put(key, f"probe {rid} listing {i}".encode())
+            written.append(key)
+            seen = listed()
+            missing = [k for k in written if k not in seen]
+            if missing:
+                problems.append(
+                    f"the listing right after PUT {key} answered lacks {', '.join(missing)}"
+                )
+        for i, key in enumerate(written):
+            bucket.delete(key)
+            seen = listed()
+            still = [k for k in written[: i + 1] if k in seen]
+            if still:
+                problems.append(
+                    f"the listing right after DELETE {key} answered still shows {', '.join(still)}"
+                )
+    except Exception as exc:
+        error, cause = _describe(exc), exc
+    finally:
+        cleanup = cleanup_probe(bucket, rid, known=written)
+    if error is None and cleanup:
+        error = "; ".join(cleanup)
+    return ListingReport(listings, tuple(problems), error, cause)
 
 
 # --------------------------------------------------------------------------- hammer
@@ -404,20 +489,32 @@ def _shorten(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def verdict(contract: ContractReport, hammer: HammerReport | None) -> Verdict:
-    """Map the reports to an exit code: 2 incomplete, 1 contract broken, 0 qualified.
+def verdict(
+    contract: ContractReport,
+    hammer: HammerReport | None,
+    listing: ListingReport | None = None,
+) -> Verdict:
+    """Map the reports to an exit code: 2 incomplete, 1 contract broken (or listings that
+    lag), 0 qualified.
 
     ``hammer`` is None when the hammer did not run (a gs:// bucket); the verdict says so.
-    An incomplete run wins over a broken contract: a round with an ambiguous write has no
-    countable winners, and the caller must know the run stopped.
+    ``listing`` is None when the listing check did not run (the contract could not
+    complete). An incomplete run wins over a broken contract: a round with an ambiguous
+    write has no countable winners, and the caller must know the run stopped.
     """
     details: list[str] = contract.failures()
+    if listing is not None:
+        details.extend(f"listing: {p}" for p in listing.problems)
+        if listing.error is not None:
+            details.append(f"listing check could not complete: {listing.error}")
     if hammer is not None:
         details.extend(r.describe() for r in hammer.bad_rounds)
         if hammer.error is not None:
             details.append(f"hammer could not complete: {hammer.error}")
 
     reasons = [contract.error] if contract.error is not None else []
+    if listing is not None and listing.error is not None:
+        reasons.append(listing.error)
     if hammer is not None and hammer.error is not None:
         reasons.append(hammer.error)
     elif hammer is not None and not hammer.completed:
@@ -430,6 +527,7 @@ def verdict(contract: ContractReport, hammer: HammerReport | None) -> Verdict:
         )
     broken_steps = [s.name for s in contract.steps if not s.ok]
     bad = hammer.bad_rounds if hammer is not None else []
+    lagging = list(listing.problems) if listing is not None else []
     if broken_steps or bad:
         parts: list[str] = []
         if broken_steps:
@@ -441,6 +539,14 @@ def verdict(contract: ContractReport, hammer: HammerReport | None) -> Verdict:
         return Verdict(
             EXIT_DISQUALIFIED,
             "NOT QUALIFIED (exit 1): " + "; ".join(parts) + "; this store cannot fence cells",
+            tuple(details),
+        )
+    if lagging:
+        return Verdict(
+            EXIT_DISQUALIFIED,
+            f"NOT QUALIFIED (exit 1): listings lag behind writes ({len(lagging)} listings "
+            "missed a write just answered or showed a delete just answered); a takeover "
+            "after a crash restores from a listing and would seal acknowledged writes away",
             tuple(details),
         )
     if hammer is None:

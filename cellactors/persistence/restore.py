@@ -113,7 +113,19 @@ class _Relist(Exception):
     """Something listed is gone, or the plan found a hole: list again."""
 
 
+class _Lags(Exception):
+    """The listing does not reach the txid the ownership record proves: list again later."""
+
+
+class ListingLags(RestoreHole):
+    """The ownership record proves a txid (the last release recorded it) that the store's
+    listings still did not show after waiting: the store lists recent writes late, and the
+    activation fails rather than seal them away (`cellactors qualify` checks this)."""
+
+
 MAX_LISTINGS = 4
+#: How long a restore waits for the listing to reach the txid a release recorded.
+LAG_WAIT_S = 15.0
 FETCH_WORKERS = 16
 #: Reads queued ahead of the one being consumed: several per worker, so that one slow read
 #: at the head does not leave the other workers idle while the consumer waits on it.
@@ -189,6 +201,11 @@ def _plan_and_apply(
             continue
         if isinstance(planned, restore_plan.Hole):
             raise _Relist(planned.reason)
+        if isinstance(planned, restore_plan.Lagging):
+            raise _Lags(
+                f"the release of the cell recorded txid {planned.floor} acknowledged, but "
+                f"the listing rebuilds only through txid {planned.reached}"
+            )
         result = RestoreResult(last_txid=0)
         if planned.snapshot is not None:
             snap = planned.snapshot
@@ -258,7 +275,14 @@ def _apply_batches(
 
 
 def restore(
-    bucket: Bucket, cell_id: str, epoch: int, db: CellDatabase, *, seal: bool = True
+    bucket: Bucket,
+    cell_id: str,
+    epoch: int,
+    db: CellDatabase,
+    *,
+    seal: bool = True,
+    floor: int = 0,
+    lag_wait_s: float = LAG_WAIT_S,
 ) -> RestoreResult:
     """Rebuild ``db`` (expected empty) as of every sealed transaction below ``epoch``, sealing
     each unsealed epoch on the way.
@@ -268,22 +292,44 @@ def restore(
     times, with a short backoff: a garbage collection racing this restore finishes and its
     snapshot becomes visible), and otherwise :class:`RestoreHole` fails the activation.
 
+    ``floor`` is the highest txid the ownership record proves acknowledged (the last release
+    recorded it). A listing that does not reach it lags behind the store's writes: the
+    restore lists again, backing off, for up to ``lag_wait_s`` (holes too, meanwhile), and
+    otherwise fails with :class:`ListingLags`. Nothing is sealed below the floor.
+
     ``seal=False`` is the read-only form for operators (``cellactors restore``): it writes
     nothing, follows unsealed epochs' chains, and so may include writes that were uploaded
     but never acknowledged.
     """
     root = keys.cell_root(cell_id)
-    problem = ""
-    for attempt in range(MAX_LISTINGS):
-        if attempt:
-            log.info("restore of %s: %s; listing again", cell_id, problem)
-            time.sleep(0.1 * 2**attempt)
+    planner = functools.partial(restore_plan.plan_restore, floor=floor)
+    patience = time.monotonic() + (lag_wait_s if floor else 0.0)
+    holes = lags = 0
+    while True:
         infos = list(bucket.list(root))
         listing = restore_plan.parse_listing(root, [info.key for info in infos])
         try:
-            plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db)
+            plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db, planner)
         except _Relist as err:
-            problem = str(err)
+            holes += 1
+            if holes >= MAX_LISTINGS and time.monotonic() >= patience:
+                raise RestoreHole(
+                    f"restore of {cell_id} at epoch {epoch} failed after {holes} listings: {err}"
+                ) from None
+            log.info("restore of %s: %s; listing again", cell_id, err)
+            time.sleep(min(1.0, 0.1 * 2**holes))
+            continue
+        except _Lags as err:
+            lags += 1
+            if time.monotonic() >= patience:
+                raise ListingLags(
+                    f"restore of {cell_id} at epoch {epoch}: {err}, after {lags} listings in "
+                    f"{lag_wait_s:g}s; the store's listings lag behind its writes (run "
+                    "cellactors qualify)"
+                ) from None
+            if lags == 1:
+                log.warning("restore of %s: %s; waiting for the listing", cell_id, err)
+            time.sleep(min(1.0, 0.05 * 2**lags))
             continue
         sizes = {info.key: info.size for info in infos}
         result.since_bytes = sum(sizes.get(ref.key, 0) for ref in plan.reads)
@@ -291,10 +337,9 @@ def restore(
             for step in plan.seals:
                 create_seal(bucket, cell_id, step.epoch, step.upto, epoch)
                 result.sealed.append(step.epoch)
+        if lags:
+            log.info("restore of %s reached txid %d after %d listings", cell_id, floor, lags)
         return result
-    raise RestoreHole(
-        f"restore of {cell_id} at epoch {epoch} failed after {MAX_LISTINGS} listings: {problem}"
-    )
 
 
 class PointNotRestorable(CellactorsError):

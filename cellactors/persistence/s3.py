@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import boto3
@@ -380,6 +380,12 @@ class S3Bucket(Bucket):
         for page in self._pages(prefix, self._key(prefix)):
             for item in page.objects:
                 yield dataclasses.replace(item, key=strip_prefix(self.prefix, item.key))
+
+    def list_pages(self, prefix: str, page_size: int) -> Iterator[Sequence[ObjectInfo]]:
+        for page in self._pages(prefix, self._key(prefix), max_keys=page_size):
+            yield [
+                dataclasses.replace(i, key=strip_prefix(self.prefix, i.key)) for i in page.objects
+            ]
 
     def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
         full = self._key(prefix)

@@ -16,7 +16,9 @@ against rules the test adds and removes at run time. A rule applies one action:
 - :class:`Hold`: hold until the gate is released, *then* forward and answer (a write that
   lands late); :attr:`Rule.arrived` tells the test a request is being held;
 - :class:`ClockOffset`: forward, but rewrite the ``Date`` answer header as if the store's
-  clock were off by that many seconds.
+  clock were off by that many seconds;
+- :class:`LagListings`: forward a listing, but leave out of its answer every object the store
+  says was modified within the last that many seconds (a store whose listings lag).
 
 Every request is logged (:class:`Request`) with its arrival and answer times, kind, method,
 key, statuses, the action applied and, for ``own.json`` PUTs, the body, so a checker can
@@ -26,6 +28,7 @@ rebuild who wrote which ownership epoch.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import email.utils
 import http.client
 import http.server
@@ -135,7 +138,38 @@ class ClockOffset:
     name: ClassVar[str] = "clock_offset"
 
 
-Action = Delay | Fail | Spurious412 | Hang | ApplyThenDrop | Hold | ClockOffset
+@dataclass(frozen=True)
+class LagListings:
+    """Forward a listing, then leave out of its answer every object whose ``LastModified``
+    is within the last ``seconds`` (a store whose listings omit recent writes)."""
+
+    seconds: float
+    name: ClassVar[str] = "lag_listings"
+
+
+Action = Delay | Fail | Spurious412 | Hang | ApplyThenDrop | Hold | ClockOffset | LagListings
+
+_CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.DOTALL)
+_MODIFIED = re.compile(rb"<LastModified>([^<]+)</LastModified>")
+_KEY_COUNT = re.compile(rb"<KeyCount>\d+</KeyCount>")
+
+
+def lagging_listing(body: bytes, seconds: float, now: float) -> bytes:
+    """A ListObjectsV2 answer without the objects modified after ``now - seconds``."""
+    kept = 0
+
+    def keep(match: re.Match[bytes]) -> bytes:
+        nonlocal kept
+        found = _MODIFIED.search(match.group(0))
+        if found is not None:
+            stamp = found.group(1).decode().replace("Z", "+00:00")
+            if datetime.datetime.fromisoformat(stamp).timestamp() > now - seconds:
+                return b""
+        kept += 1
+        return match.group(0)
+
+    body = _CONTENTS.sub(keep, body)
+    return _KEY_COUNT.sub(f"<KeyCount>{kept}</KeyCount>".encode(), body, count=1)
 
 
 # --------------------------------------------------------------------------- rules and log
@@ -432,6 +466,9 @@ class FaultProxy:
     def clock_offset(self, seconds: float, **match: Any) -> Rule:
         return self.add(ClockOffset(seconds), **match)
 
+    def lag_listings(self, seconds: float, **match: Any) -> Rule:
+        return self.add(LagListings(seconds), kind="list", **match)
+
     def remove(self, rule: Rule) -> None:
         """Stop matching new requests with ``rule`` (requests it holds stay held until its
         gate is released)."""
@@ -614,8 +651,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if isinstance(action, ClockOffset):
             skewed = email.utils.formatdate(time.time() + action.seconds, usegmt=True)
             headers = [(k, v) for k, v in headers if k.lower() != "date"] + [("Date", skewed)]
+        answer = up.body
+        if isinstance(action, LagListings) and up.status == 200:
+            answer = lagging_listing(up.body, action.seconds, time.time())
         length = next((v for k, v in up.headers if k.lower() == "content-length"), None)
-        return self._answer(rec, up.status, headers, up.body, reason=up.reason, length=length)
+        return self._answer(rec, up.status, headers, answer, reason=up.reason, length=length)
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():

@@ -245,6 +245,25 @@ def test_clock_offset_shifts_the_date_header(proxy: FaultProxy, direct: S3Bucket
     assert {r.action for r in proxy.requests(kind="own")} == {"forward", "clock_offset"}
 
 
+def test_lag_listings_hides_recent_objects_from_listings_only(
+    proxy: FaultProxy, direct: S3Bucket
+) -> None:
+    """Listings leave out what was modified in the last 1.5 s (LastModified has whole
+    seconds, so the older object is written two seconds before the newer one)."""
+    newer = "cells/Ledger:a/e1/0000000000000002-0000000000000002.batch"
+    direct.put(BATCH, b"old")
+    written = time.time()
+    wait_for("two seconds to pass", lambda: time.time() >= written + 2.0, 5)
+    direct.put(newer, b"new")
+    lagging = via(proxy, direct)
+    rule = proxy.lag_listings(1.5)
+    assert [o.key for o in lagging.list("cells/")] == [BATCH]
+    got = lagging.get(newer)  # reads see it at once
+    assert got is not None and got.body == b"new"
+    proxy.remove(rule)
+    assert [o.key for o in lagging.list("cells/")] == [BATCH, newer]
+
+
 def test_matching_by_key_method_count_and_seeded_probability(
     proxy: FaultProxy, direct: S3Bucket
 ) -> None:
