@@ -34,6 +34,7 @@ from cellactors.errors import (
     CellactorsError,
     NotDurable,
 )
+from cellactors.persistence import keys
 from cellactors.persistence.bucket import Applied, Bucket
 from cellactors.persistence.celldb import CellDatabase, remove_db_files
 from cellactors.persistence.leases import LeaseStore
@@ -185,11 +186,12 @@ class OwnershipActor(PooledActor):
     ) -> Active:
         """Restore and open the cell at ``claim.epoch``.
 
-        Each activation has its own file (``<cell>.e<epoch>.db``), so nothing done to an
-        older activation's file (a reset discarding it, say) can touch this one.
+        Each activation has its own file (:func:`~cellactors.persistence.keys.local_db_name`),
+        so nothing done to an older activation's file (a reset discarding it, say) can touch
+        this one.
         """
         epoch = claim.epoch
-        path = self.cells_dir / f"{self.cell_id}.e{epoch}.db"
+        path = self.cells_dir / keys.local_db_name(self.cell_id, epoch)
         remove_db_files(path)
         source = "bucket"
         database: CellDatabase | None = None

@@ -6,6 +6,7 @@ layout".
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from cellactors.errors import InvalidCellId
@@ -76,6 +77,32 @@ def snapshot_key(cell_id: str, txid: int, epoch: int) -> str:
     """The epoch is part of the name, so snapshots written at different epochs can never
     replace one another, and a restore can skip unusable ones without reading them."""
     return cell_root(cell_id) + f"snap/{txid:016x}.e{epoch}.snap"
+
+
+#: A local file name never exceeds this many bytes (NAME_MAX of ext4, xfs, btrfs, tmpfs, APFS).
+LOCAL_NAME_MAX = 255
+#: Room left for what SQLite appends to a database's name ("-journal", "-wal", "-shm"), with
+#: some to spare.
+_SQLITE_SUFFIX_ROOM = 16
+#: The longest epoch part of a local name (epochs are below 2**63 by far).
+_EPOCH_PART_MAX = len(f".e{2**63}.db")
+#: Cell ids up to this long name their local files themselves; longer ones by a digest.
+LOCAL_ID_MAX = LOCAL_NAME_MAX - _SQLITE_SUFFIX_ROOM - _EPOCH_PART_MAX
+
+
+def local_db_name(cell_id: str, epoch: int) -> str:
+    """The local file name of ``cell_id``'s database at ``epoch``: ``<cell>.e<epoch>.db``
+    while that fits in :data:`LOCAL_NAME_MAX` bytes with SQLite's suffixes, else
+    ``<class, cut to 64>#<sha256 of the id>.e<epoch>.db``. Every local path derived from a
+    cell id comes from here. The two forms never meet: a cell id always has a ``:``, a
+    digest name never does (nor can an id hold a ``#``), and the epoch is the digits after
+    the last ``.e``."""
+    validate_cell_id(cell_id)
+    suffix = f".e{epoch}.db"
+    if len(cell_id) + len(suffix) + _SQLITE_SUFFIX_ROOM <= LOCAL_NAME_MAX:
+        return cell_id + suffix
+    digest = hashlib.sha256(cell_id.encode("ascii")).hexdigest()
+    return f"{cell_id.partition(':')[0][:64]}#{digest}{suffix}"
 
 
 def lease_key(node_id: str) -> str:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from cellactors.persistence import keys
 from tests.faults.proxy import Request
 from tests.fleet_harness import NODE_HEADER, ledger_entries
 
@@ -321,8 +322,9 @@ def _chain_violations(key: str, applied: list[Request]) -> list[str]:
 def restore_entries(bucket: str, endpoint: str, cell: str, workdir: Path) -> list[str]:
     """The ledger as ``cellactors restore`` rebuilds it from the bucket ([] when the cell
     has no ownership record at all)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / f"restore-{cell}-{next(_restores)}.db"
+    restores = workdir / "restores"
+    restores.mkdir(parents=True, exist_ok=True)
+    out = restores / keys.local_db_name(f"Ledger:{cell}", next(_restores))  # fits any id
     args = [sys.executable, "-m", "cellactors.cli", "restore", "--bucket", f"s3://{bucket}"]
     args += ["--endpoint", endpoint, "--cell", f"Ledger:{cell}", "--output", str(out)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
