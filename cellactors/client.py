@@ -18,7 +18,8 @@ after a retention window (default 24 h) and a per-cell cap: a retry after that r
 Retries (bounded by ``max_attempts``, with exponential back-off; each moves to the next URL):
 
 - ``not_run`` errors that are transient (``node_unavailable``, ``activation_failed``,
-  ``stale_route``) and connections that failed before the request was sent;
+  ``stale_route``, ``storage_unavailable``) and connections that failed before the request
+  was sent;
 - ``unknown`` outcomes (``not_durable``, ``internal``, unreadable answers, a connection lost
   after the request was sent, a read timeout) only when the call has a key: always, unless
   the client was made with ``idempotency_keys=False`` and no explicit key was given; then
@@ -56,6 +57,7 @@ from cellactors.errors import (
     CallError,
     KeyConflict,
     MethodFailed,
+    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
     StaleRoute,
@@ -75,6 +77,7 @@ _BY_CODE: dict[str, type[CallError]] = {
         codec.PayloadTooLarge,
         NotDurable,
         NodeUnavailable,
+        NodeStorageFault,
         StaleRoute,
         ActivationFailed,
         BadResult,

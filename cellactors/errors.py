@@ -133,6 +133,23 @@ class NodeUnavailable(CallError):
     retryable = True
 
 
+class NodeStorageFault(CallError):
+    """This node's own storage failed (disk full, I/O error, read-only or unopenable data
+    directory) before the call could take effect: nothing of it was applied or shipped, and
+    the node gives the cell up so that another node can serve it. A node fault, never the
+    caller's: retry, on any node."""
+
+    status = 503
+    code = "storage_unavailable"
+    outcome = NOT_RUN
+    retryable = True
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        #: What failed, e.g. ``SQLITE_FULL: database or disk is full`` (not on the wire).
+        self.reason = reason or message
+
+
 class RemoteOwner(CallError):
     """The cell is owned by another live node; the call must be forwarded there."""
 

@@ -15,6 +15,7 @@ from cellactors.errors import (
     CallError,
     KeyConflict,
     MethodFailed,
+    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
     StaleRoute,
@@ -173,6 +174,7 @@ def test_read_timeout_is_retried_under_the_same_key() -> None:
     [
         ({"error": "node_unavailable", "message": "m", "retryable": True}, NodeUnavailable),
         ({"error": "activation_failed", "message": "m", "retryable": True}, ActivationFailed),
+        ({"error": "storage_unavailable", "message": "m", "retryable": True}, NodeStorageFault),
         ({"error": "stale_route", "message": "m", "retryable": True}, StaleRoute),
         ({"error": "not_durable", "message": "m", "retryable": True}, NotDurable),
         ({"error": "bad_request", "message": "m", "retryable": False}, BadRequest),

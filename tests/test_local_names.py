@@ -91,7 +91,7 @@ def start_high(bucket: S3Bucket, cell_id: str, epoch: int, tmp_path: Path) -> No
     bucket.put(keys.snapshot_key(cell_id, 1, epoch), encode_snapshot(cell_id, epoch, 1, image))
     setup = OwnershipStore(bucket, "setup")
     assert isinstance(setup.cas_owner(cell_id, Absent(), epoch), Applied)
-    assert isinstance(setup.release_owner(cell_id, epoch), Applied)
+    assert isinstance(setup.release_owner(cell_id, epoch, 1), Applied)
 
 
 @pytest.mark.parametrize("length", [200, 246, 254, 255])

@@ -85,6 +85,9 @@ def test_a_header_pragma_that_changes_ships_an_image_and_a_plain_write_does_not(
         ("journal_mode", "WAL", "owns the database's journal"),
         ("schema_version", "99", "corrupts replication"),
         ("writable_schema", "1", "not replicated"),
+        # A full or read-only database is the node's storage fault: code may not fake one.
+        ("max_page_count", "1", "owns the database's size limit"),
+        ("query_only", "1", "owns whether the database is writable"),
     ],
 )
 def test_pragmas_the_runtime_depends_on_are_refused(

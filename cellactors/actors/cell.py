@@ -60,6 +60,7 @@ from cellactors.errors import (
     ConfigError,
     KeyConflict,
     MethodFailed,
+    NodeStorageFault,
 )
 from cellactors.persistence import calls, keys
 from cellactors.persistence.capture import TxnChanges
@@ -190,6 +191,7 @@ class CellRef:
 _READ_ONLY = "__cellactors_read_only__"
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 def read_only(method: F) -> F:
@@ -444,17 +446,42 @@ class CellActor(pykka.ThreadingActor):
             return None
         if isinstance(message, TakeImage):
             rt = self._require_runtime()
-            return (rt.next_txid - 1, rt.database.image())
+            return self._reading(lambda: (rt.next_txid - 1, rt.database.image()))
         if isinstance(message, FireAlarm):
             self._fire(message)
             return None
         if isinstance(message, ReadOutbox):
             rt = self._require_runtime()
-            return rt.database.tables.messages(), rt.channel.acked
+            return self._reading(lambda: (rt.database.tables.messages(), rt.channel.acked))
         if isinstance(message, DropOutbox):
             self._drop_outbox(message)
             return None
         return super().on_receive(message)
+
+    def _reading(self, read: Callable[[], R]) -> R:
+        """A read of the runtime's outside any call (a snapshot image, the outbox): never
+        from a broken file, and a storage error raised as the fault it is."""
+        database = self._require_runtime().database
+        database.check_usable()
+        try:
+            return read()
+        except Exception as err:
+            fault = database.storage_fault(err)
+            if fault is None:
+                raise
+            raise fault from err
+
+    def _storage_fault_of(self, err: BaseException) -> NodeStorageFault | None:
+        """``err`` as a fault of this cell's own storage: one its database raised, or a raw
+        storage error of a read outside a transaction. A fault another cell's node raised
+        into a method is none of this cell's."""
+        database = self._require_runtime().database
+        if database.raised_here(err):
+            assert isinstance(err, NodeStorageFault)
+            return err
+        if isinstance(err, NodeStorageFault):
+            return None
+        return database.storage_fault(err)
 
     def _require_runtime(self) -> CellRuntime:
         if self._runtime is None:
@@ -510,8 +537,17 @@ class CellActor(pykka.ThreadingActor):
         rt = self._require_runtime()
         if changes.empty:
             return
-        effect = rt.database.tables.state() if rt.database.tables.touched else None
-        image = rt.database.image() if changes.schema_changed else None
+        try:
+            effect = rt.database.tables.state() if rt.database.tables.touched else None
+            image = rt.database.image() if changes.schema_changed else None
+        except Exception as err:
+            # Committed in the file, but it cannot be shipped: the file is not the bucket's
+            # any more. Nothing of it leaves this node, and the file is discarded.
+            fault = rt.database.storage_fault(err, broken=True)
+            if fault is None:
+                raise
+            outcome.error, outcome.value = fault, None
+            return
         txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms())
         rt.next_txid += 1
         try:
@@ -525,6 +561,20 @@ class CellActor(pykka.ThreadingActor):
         msg.started = True
         rt = self._require_runtime()
         outcome = Outcome(msg.reply, "not_due")
+        try:
+            self._fire_if_due(rt, outcome)
+        except Exception as err:  # the node's storage failed: the alarm stays as it was
+            fault = self._storage_fault_of(err)
+            if fault is None:
+                raise
+            outcome.error, outcome.value = fault, None
+        rt.channel.hold(outcome)
+        rt.channel.note_progress()
+
+    def _fire_if_due(self, rt: CellRuntime, outcome: Outcome) -> None:
+        """The body of :meth:`_fire`: a fault of this node's storage is raised, never
+        counted as a failure of ``on_alarm``."""
+        rt.database.check_usable()
         row = rt.database.tables.alarm()
         if row is not None and row.at_ms <= rt.clock.now_ms():
             rt.last_used = time.monotonic()
@@ -539,6 +589,8 @@ class CellActor(pykka.ThreadingActor):
                 _, changes = self._run(body)
                 outcome.value = "fired"
             except Exception as err:
+                if self._storage_fault_of(err) is not None:
+                    raise
                 failures = row.failures + 1
                 again = alarms.retry_at(self._alarm_policy(), failures, rt.clock.now_ms())
                 log.warning(
@@ -563,8 +615,6 @@ class CellActor(pykka.ThreadingActor):
                     outcome.error, outcome.value = failure, None
                     changes = TxnChanges()
             self._commit(changes, outcome)
-        rt.channel.hold(outcome)
-        rt.channel.note_progress()
 
     def _drop_outbox(self, msg: DropOutbox) -> None:
         """Delete delivered messages (a transaction of the sender's)."""
@@ -603,7 +653,14 @@ class CellActor(pykka.ThreadingActor):
         try:
             arguments = bound_arguments(type(self), msg.method, fn, msg.args, msg.kwargs)
             digest = calls.args_digest(arguments, msg.args, msg.kwargs)
-            recorded = rt.database.calls.lookup(msg.key, msg.retention, rt.clock.now_ms())
+            rt.database.check_usable()
+            try:
+                recorded = rt.database.calls.lookup(msg.key, msg.retention, rt.clock.now_ms())
+            except Exception as err:
+                fault = rt.database.storage_fault(err)
+                if fault is None:
+                    raise
+                raise fault from err
             if recorded is None:
                 return False, digest
             rt.last_used = time.monotonic()
@@ -671,8 +728,12 @@ class CellActor(pykka.ThreadingActor):
             )
         except BadResult as err:
             outcome.error, outcome.value = err, None
-        except Exception as err:  # the user's method raised: rolled back, reported
-            outcome.error, outcome.value = MethodFailed(type(err).__name__, str(err)), None
+        except Exception as err:  # the user's method raised, or the node's storage failed
+            fault = self._storage_fault_of(err)
+            if fault is not None:  # rolled back: nothing applied, nothing shipped
+                outcome.error, outcome.value = fault, None
+            else:  # rolled back, reported
+                outcome.error, outcome.value = MethodFailed(type(err).__name__, str(err)), None
         else:
             self._commit(changes, outcome)
         rt.channel.hold(outcome)

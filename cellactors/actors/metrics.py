@@ -43,6 +43,7 @@ class NodeSample:
     unacked_transactions: int
     uploads_in_flight: int
     hibernated_cells: int = 0
+    storage_degraded: bool = False
 
 
 class _NodeCollector(Collector):
@@ -76,6 +77,11 @@ class _NodeCollector(Collector):
             "cellactors_hibernated_cells",
             "Cells this node owns with nothing running (resumed with no bucket request).",
             value=s.hibernated_cells,
+        )
+        yield GaugeMetricFamily(
+            "cellactors_storage_degraded",
+            "1 while this node's local storage is failing (it takes no new cells), else 0.",
+            value=1 if s.storage_degraded else 0,
         )
         yield GaugeMetricFamily(
             "cellactors_unacked_transactions",
@@ -178,6 +184,12 @@ class NodeMetrics:
             "Outbox messages this node delivered, by result: delivered, dropped (the target "
             "refused it for good or its method raised), retried (not acknowledged yet).",
             ["result"],
+            registry=r,
+        )
+        self.storage_faults = Counter(
+            "cellactors_storage_faults",
+            "Faults of this node's local storage met by calls and activations (disk full, "
+            "I/O error, read-only or unopenable file): each answered storage_unavailable.",
             registry=r,
         )
         r.register(_NodeCollector(bucket, sample))

@@ -7,6 +7,7 @@ each has its own data directory, lease and actors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import tempfile
@@ -29,6 +30,7 @@ from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.actors.storage import DEGRADED, StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
 from cellactors.core import alarms as alarm_rules
@@ -43,6 +45,7 @@ from cellactors.errors import (
     CallError,
     ConfigError,
     InvalidCellId,
+    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
     RemoteOwner,
@@ -191,6 +194,10 @@ class Node:
         self.cells_dir.mkdir(parents=True, exist_ok=True)
         #: The runtime's time (alarms, key retention, transaction stamps): the store's.
         self.clock = RuntimeClock(self.gate.clock)
+        #: Faults of the data directory; while degraded the node takes no new cells.
+        self.storage = StorageHealth(
+            self.cells_dir, self.node_id, on_fault=self.metrics.storage_faults.inc
+        )
         self.deadline = FenceDeadline()
         #: Lease expiries are judged on the store's clock (docs/protocol.md, "Clocks").
         self.lease_clock = LeaseClock(
@@ -253,7 +260,12 @@ class Node:
         self.classes[cls.__name__] = cls
 
     def _load(self) -> dict[str, Any]:
-        return {"resident_cells": self.resident_cells(), "hibernated_cells": len(self._dormant)}
+        """What the lease advertises to peers' placement (a degraded node gets no cells)."""
+        return {
+            "resident_cells": self.resident_cells(),
+            "hibernated_cells": len(self._dormant),
+            "storage": self.storage.state,
+        }
 
     def resident_cells(self) -> int:
         """Active cells (a thread, a connection and a file each); hibernated ones not counted."""
@@ -497,7 +509,8 @@ class Node:
     ) -> Any:
         """A call from a cell (or the outbox) to any cell of the fleet: run here, or sent
         to its live owner through :attr:`forwarder`. An answer proving the call ran nowhere
-        (stale route, owner unavailable) makes the node look the owner up once more."""
+        (stale route, owner unavailable, the owner's storage failing) makes the node look
+        the owner up once more."""
         for attempt in (1, 2):
             try:
                 return self.call(cls_name, name, method, kwargs, key=key, chain=chain)
@@ -506,7 +519,7 @@ class Node:
                     raise
                 try:
                     return self.forwarder(owner, cls_name, name, method, kwargs, key, chain)
-                except (StaleRoute, NodeUnavailable):
+                except (StaleRoute, NodeUnavailable, NodeStorageFault):
                     if attempt == 2:
                         raise
                     self.forget_route(cls_name, name)
@@ -598,9 +611,7 @@ class Node:
             own, host.active = self._start_ownership(host)
             host.ownership = own
             if host.active is None:
-                outcome = ask_method(
-                    own, "acquire", lambda: None if forwarded else self._place()
-                ).get()
+                outcome = ask_method(own, "acquire", lambda: self._place(forwarded)).get()
                 if isinstance(outcome, acquire.Remote):
                     with self._lock:
                         expiry = time.monotonic() + self.settings.lease_ttl
@@ -679,6 +690,8 @@ class Node:
             "sink": lambda epoch: self.alarms.sink(cell_id, epoch),
             "judge": self.lease_clock.judge,
             "clock": self.clock,
+            "on_storage_fault": lambda fault: self._storage_fault(host, fault),
+            "on_broken": lambda: self._give_up(host),
         }
         with self._lock:
             dormant = self._dormant.pop(cell_id, None)
@@ -687,23 +700,43 @@ class Node:
                 return OwnershipActor.start_with(
                     lambda actor: actor.resume(dormant.copy), *args, **kwargs
                 )
-            except ActivationFailed as err:
+            except (ActivationFailed, NodeStorageFault) as err:
                 log.info("hibernated %s not resumed: %s", cell_id, err)
                 with self._lock:
                     self._local[cell_id] = dormant.copy
         return OwnershipActor.start(*args, **kwargs), None
 
-    def _place(self) -> acquire.Remote | None:
+    def _place(self, forwarded: bool = False) -> acquire.Remote | None:
         """Placement of an unowned cell: here while there is room, else the least-loaded
-        live peer (None means here)."""
-        if self.resident_cells() < self.settings.max_resident_cells:
+        live peer with room (None means here); a forwarded call is placed where it lands.
+
+        While this node's storage is degraded (and a probe, when due, does not pass) it
+        takes no cell: the least-loaded healthy peer does, and with none (or for a call a
+        peer forwarded here: never a third hop) the call is refused with
+        :class:`~cellactors.errors.NodeStorageFault` before anything is written."""
+        if not self.storage.healthy():
+            peer = None if forwarded else self._roomy_peer()
+            if peer is None:
+                raise NodeStorageFault(
+                    f"node {self.node_id} takes no new cells while its local storage is "
+                    f"failing ({self.storage.reason}); the call did not run"
+                )
+            return peer
+        if forwarded or self.resident_cells() < self.settings.max_resident_cells:
             return None
-        peers = self.leases.read_capacity_peers()
+        return self._roomy_peer()
+
+    def _roomy_peer(self) -> acquire.Remote | None:
+        """The least-loaded live peer with room and healthy storage, if any."""
+        limit = self.settings.max_resident_cells
+        peers = [
+            p
+            for p in self.leases.read_capacity_peers()
+            if p.load.get("storage") != DEGRADED and int(p.load.get("resident_cells", 0)) < limit
+        ]
         if not peers:
             return None
         best = min(peers, key=lambda p: (int(p.load.get("resident_cells", 0)), p.node))
-        if int(best.load.get("resident_cells", 0)) >= self.settings.max_resident_cells:
-            return None
         return acquire.Remote(best.node, best.addr, best.generation)
 
     def forget_route(self, cls_name: str, name: str) -> None:
@@ -736,6 +769,27 @@ class Node:
 
         threading.Thread(target=run, name=f"reset-{host.cell_id}", daemon=True).start()
 
+    def _storage_fault(self, host: CellHost, fault: NodeStorageFault) -> None:
+        """A cell (or its activation) met a fault of this node's storage: counted, the
+        episode begins if it had not, and a running cell is given up."""
+        self.storage.fault(fault.reason)
+        self._give_up(host)
+
+    def _give_up(self, host: CellHost) -> None:
+        """Release a running cell whose storage failed or whose file is no longer trusted,
+        in the background (the cell's own thread reports it): its queued calls are answered,
+        what it committed is shipped and acknowledged, ``own.json`` is released and its file
+        discarded, so that any node restores it from the bucket."""
+        with self._lock:
+            if self._hosts.get(host.cell_id) is not host or host.active is None:
+                return  # activating (that fails on its own), or already going
+        threading.Thread(
+            target=self._put_away,
+            args=(host.cell_id, False, False, host),
+            name=f"give-up-{host.cell_id}",
+            daemon=True,
+        ).start()
+
     def passivate(self, cell_id: str) -> bool:
         """Release one idle cell, keeping its local copy for a quick reactivation."""
         return self._put_away(cell_id, hibernate=False)
@@ -745,10 +799,18 @@ class Node:
         call resumes it at the same epoch with no bucket request."""
         return self._put_away(cell_id, hibernate=True)
 
-    def _put_away(self, cell_id: str, hibernate: bool) -> bool:
+    def _put_away(
+        self,
+        cell_id: str,
+        hibernate: bool,
+        keep_copy: bool = True,
+        expected: CellHost | None = None,
+    ) -> bool:
+        """Release (or hibernate) one active cell; ``keep_copy=False`` discards its file
+        instead of keeping it as a local copy. ``expected``: only that activation."""
         with self._lock:
             host = self._hosts.get(cell_id)
-            if host is None or host.active is None:
+            if host is None or host.active is None or expected not in (None, host):
                 return False
             del self._hosts[cell_id]
             done = self._closing[cell_id] = threading.Event()
@@ -757,7 +819,10 @@ class Node:
             local = self._release(host, keep_ownership=hibernate)
             if local is None or not hibernate:
                 self.alarms.released(cell_id)
-            if local is not None:
+            if local is not None and not keep_copy:
+                with contextlib.suppress(OSError):
+                    remove_db_files(local.path)
+            elif local is not None:
                 with self._lock:
                     if not hibernate:
                         self._local[cell_id] = local
@@ -818,6 +883,7 @@ class Node:
         hibernating = hibernate_after < release_after
         interval = min(1.0, (hibernate_after if hibernating else release_after) / 4)
         while not self._reaper_stop.wait(interval):
+            self.storage.healthy()  # while degraded: probes when due, ends the episode
             now = time.monotonic()
             with self._lock:
                 trim: list[Active] = []
@@ -1012,6 +1078,7 @@ class Node:
             },
             "cells": cells,
             "hibernated_cells": self.hibernated_cells(),
+            "storage": self.storage.state,
         }
 
     def fleet(self) -> dict[str, Any]:
@@ -1052,7 +1119,14 @@ class Node:
                 busy += 0 if channel.idle() else 1
             hibernated = len(self._dormant)
         return NodeSample(
-            self.node_id, self.generation, self.status, resident, unacked, busy, hibernated
+            self.node_id,
+            self.generation,
+            self.status,
+            resident,
+            unacked,
+            busy,
+            hibernated,
+            self.storage.degraded,
         )
 
     # --- change feed: logic in cellactors.persistence.feed ------------------------------

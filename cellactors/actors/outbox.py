@@ -117,7 +117,7 @@ class OutboxWorkers:
             answer = active.cell.ask(ReadOutbox(), block=True, timeout=timeout)
             messages: list[Message] = answer[0]
             acked = int(answer[1])
-        except (pykka.ActorDeadError, pykka.Timeout):
+        except (pykka.ActorDeadError, pykka.Timeout, CallError):
             return True, True
         if not messages:
             return False, False

@@ -27,11 +27,13 @@ from cellactors.actors.threadpool import ElasticPool
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire as acq
 from cellactors.core.alarms import WakeState
+from cellactors.core.storage import storage_fault_reason
 from cellactors.errors import (
     ActivationFailed,
     AmbiguousWrite,
     BucketError,
     CellactorsError,
+    NodeStorageFault,
     NotDurable,
 )
 from cellactors.persistence import keys
@@ -110,12 +112,19 @@ class OwnershipActor(PooledActor):
         sink: Callable[[int], EffectSink] | None = None,
         judge: Callable[[], int | None] | None = None,
         clock: RuntimeClock | None = None,
+        on_storage_fault: Callable[[NodeStorageFault], None] | None = None,
+        on_broken: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.clock = clock or RuntimeClock(bucket.clock)
         #: The store time lease expiries are judged against (None: not now), see
         #: :class:`cellactors.actors.lease.LeaseClock`.
         self.judge = judge or bucket.clock.low_ms
+        #: Told of each fault of the node's storage met by this cell (its activation or its
+        #: database), and when the cell's file is no longer trusted: the node counts the
+        #: fault and gives the running cell up.
+        self.on_storage_fault = on_storage_fault
+        self.on_broken = on_broken
         self.services = services  # what the cell asks of its node (calls to other cells)
         self.sink = sink  # per epoch: the wake entries and outbox around acknowledgements
         self.on_acked = on_acked  # each transaction's commit-to-ack time (metrics)
@@ -189,7 +198,59 @@ class OwnershipActor(PooledActor):
         Each activation has its own file (:func:`~cellactors.persistence.keys.local_db_name`),
         so nothing done to an older activation's file (a reset discarding it, say) can touch
         this one.
+
+        A fault of the node's storage fails the activation with
+        :class:`~cellactors.errors.NodeStorageFault` after ``own.json`` is released at the
+        claimed epoch, so that another node can take the cell at once.
         """
+        try:
+            return self._activate(claim, local, previous_epoch)
+        except BaseException as err:
+            fault = self._as_storage_fault(err)
+            if fault is None:
+                raise
+            self._give_back(claim.epoch, claim.floor)
+            if fault is err:
+                raise
+            raise fault from err
+
+    def _as_storage_fault(self, err: BaseException) -> NodeStorageFault | None:
+        """``err`` as a fault of the node's storage met by this activation (reported once),
+        or None when it is not one."""
+        if isinstance(err, NodeStorageFault):
+            return err  # the cell's database raised it, and reported it
+        reason = storage_fault_reason(err)
+        if reason is None:
+            return None
+        fault = NodeStorageFault(
+            f"activation of {self.cell_id} failed: this node's local storage failed "
+            f"({reason}); the call did not run",
+            reason,
+        )
+        if self.on_storage_fault is not None:
+            self.on_storage_fault(fault)
+        return fault
+
+    def _give_back(self, epoch: int, floor: int) -> None:
+        """Release ``own.json`` after a failed activation at ``epoch``: nothing acknowledged
+        depends on this activation (the floor it claimed with stays the record's), and a
+        live owner's record would keep every other node from serving the cell. A late
+        upload of this activation lands beyond the seal the next owner writes."""
+        try:
+            self.ownership.release_owner(self.cell_id, epoch, floor)
+        except (BucketError, AmbiguousWrite) as err:
+            log.warning("release of %s after a storage fault failed: %s", self.cell_id, err)
+
+    def _database(self, path: Path) -> CellDatabase:
+        """Open the cell's file, reporting its storage faults and distrust to the node."""
+        database = CellDatabase(path)
+        database.on_fault = self.on_storage_fault
+        database.on_broken = self.on_broken
+        return database
+
+    def _activate(
+        self, claim: acq.Claim, local: LocalCopy | None, previous_epoch: int | None
+    ) -> Active:
         epoch = claim.epoch
         path = self.cells_dir / keys.local_db_name(self.cell_id, epoch)
         remove_db_files(path)
@@ -206,7 +267,7 @@ class OwnershipActor(PooledActor):
             try:
                 create_seal(self.bucket, self.cell_id, local.epoch, local.last_txid, epoch)
                 local.path.replace(path)
-                database = CellDatabase(path)
+                database = self._database(path)
                 last_txid, source, chain = local.last_txid, "local", local.chain
             except (CellactorsError, OSError) as err:
                 log.info("local copy of %s not reused: %s", self.cell_id, err)
@@ -222,8 +283,16 @@ class OwnershipActor(PooledActor):
         is the one it closed, so it opens without a bucket request."""
         if file_identity(dormant.path) != dormant.identity:
             raise ActivationFailed(f"the hibernated file of {self.cell_id} changed")
-        database = CellDatabase(dormant.path)
-        return self._open(dormant.epoch, database, dormant.last_txid, dormant.chain, "hibernated")
+        try:
+            database = self._database(dormant.path)
+            return self._open(
+                dormant.epoch, database, dormant.last_txid, dormant.chain, "hibernated"
+            )
+        except BaseException as err:
+            fault = self._as_storage_fault(err)
+            if fault is None or fault is err:
+                raise
+            raise fault from err
 
     def _open(
         self,
@@ -275,7 +344,7 @@ class OwnershipActor(PooledActor):
             if replicator is not None:
                 replicator.stop(block=False)
             database.discard()
-            if isinstance(err, CellactorsError):
+            if isinstance(err, CellactorsError) and not isinstance(err, NodeStorageFault):
                 raise ActivationFailed(f"activation of {self.cell_id} failed: {err}") from err
             raise
         self.active = Active(epoch, cell, replicator, runtime, worker, source, wakes)
@@ -293,14 +362,16 @@ class OwnershipActor(PooledActor):
     ) -> tuple[CellDatabase, int, ChainState]:
         """Restore from the bucket, never below ``floor`` (the txid the last release
         recorded: a listing that does not show it yet is waited for)."""
-        database = CellDatabase(path)
+        database = self._database(path)
         try:
             result = restore(
                 self.bucket, self.cell_id, epoch, database, floor=floor, lag_wait_s=self.deadline_s
             )
         except BaseException as err:
             database.discard()
-            if isinstance(err, (BucketError, CellactorsError)):
+            if isinstance(err, (BucketError, CellactorsError)) and not isinstance(
+                err, NodeStorageFault
+            ):
                 raise ActivationFailed(f"restore of {self.cell_id} failed: {err}") from err
             raise
         chain = ChainState(
@@ -314,7 +385,8 @@ class OwnershipActor(PooledActor):
 
     def release(self, timeout: float, keep_ownership: bool = False) -> LocalCopy | None:
         """Stop the cell after its queued calls, ship and acknowledge everything, then release
-        ownership. Returns the reusable local copy, or None when anything was not clean.
+        ownership. Returns the reusable local copy, or None when anything was not clean or
+        the file is no longer trusted (``CellDatabase.broken``).
 
         ``keep_ownership`` hibernates instead: the same quiescing, but ``own.json`` keeps
         naming this node, so :meth:`resume` can reopen the returned copy at the same epoch
@@ -361,7 +433,7 @@ class OwnershipActor(PooledActor):
         database = active.runtime.database
         database.close()
         identity = file_identity(database.path)
-        if not clean or identity is None:
+        if not clean or identity is None or database.broken:
             database.discard()
             return None
         return LocalCopy(active.epoch, channel.acked, database.path, identity, chain)

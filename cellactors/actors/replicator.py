@@ -24,7 +24,7 @@ from cellactors.actors.messages import Flush, Kick, TakeImage
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool
-from cellactors.errors import BucketError, NotDurable
+from cellactors.errors import BucketError, CallError, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.bucket import Bucket
@@ -238,8 +238,8 @@ class Replicator(PooledActor):
                 self._pending_snapshot = cast(
                     "tuple[int, bytes]", self.cell_ref.ask(TakeImage(), timeout=self.deadline_s)
                 )
-            except (pykka.ActorDeadError, pykka.Timeout):
-                return
+            except (pykka.ActorDeadError, pykka.Timeout, CallError):
+                return  # stopped, busy, or its storage failing: a later ack asks again
         if self._pending_snapshot is None:
             return
         txid, image = self._pending_snapshot

@@ -20,6 +20,8 @@ from typing import Any, Literal, TypeVar
 
 import sqlite_utils
 
+from cellactors.core.storage import storage_fault_reason
+from cellactors.errors import NodeStorageFault
 from cellactors.persistence import capture
 from cellactors.persistence.batches import Txn
 from cellactors.persistence.calls import RESERVED_PREFIX, CallLog
@@ -82,6 +84,10 @@ _HEADER_PRAGMAS = frozenset({"user_version", "application_id"})
 #: and a writable schema bypass what capture and restore rely on.
 _OWNED_PRAGMAS = {
     "journal_mode": "PRAGMA journal_mode: the runtime owns the database's journal",
+    # A full database and a read-only one are faults of the node's storage: user code may
+    # not fake them (and the settings would outlive the call, on the cell's connection).
+    "max_page_count": "PRAGMA max_page_count: the runtime owns the database's size limit",
+    "query_only": "PRAGMA query_only: the runtime owns whether the database is writable",
     "schema_version": "PRAGMA schema_version: setting the schema cookie corrupts replication",
     "writable_schema": "PRAGMA writable_schema: edits to sqlite_master are not replicated",
 }
@@ -132,6 +138,13 @@ class Refused(capture.UnsupportedSchema):
     """User code attempted something the runtime refuses (see the message)."""
 
 
+class TransactionLost(Refused):
+    """SQLite rolled the call's transaction back under the method (an ``ON CONFLICT
+    ROLLBACK``, a ``RAISE(ROLLBACK)``, or an error the method caught) and the method
+    returned: nothing of it is kept. A statement it ran after that wrote the file outside
+    any transaction: the file is then no longer trusted."""
+
+
 class CellDatabase:
     """The SQLite file of one cell and the transaction discipline around it."""
 
@@ -155,6 +168,17 @@ class CellDatabase:
         self.calls = CallLog(self.conn)
         self.tables = RuntimeTables(self.conn)
         self.trims = 0
+        #: The first fault of the node's storage met on this file.
+        self.fault: NodeStorageFault | None = None
+        #: The file's state is not trusted any more (a rollback or commit failed, or the
+        #: transaction was lost under the method): nothing runs on it again, and the node
+        #: discards it; the cell is restored from the bucket, which never saw any of it.
+        self.broken = False
+        #: Called with each storage fault met on this file (the node counts it and gives
+        #: the cell up), and when the file turns broken (the node gives the cell up).
+        self.on_fault: Callable[[NodeStorageFault], None] | None = None
+        self.on_broken: Callable[[], None] | None = None
+        self._last_fault: NodeStorageFault | None = None
         self._after_change()
 
     def _connect(self) -> CellConnection:
@@ -175,6 +199,52 @@ class CellDatabase:
         self.schema = capture.schema_version(self.conn)
         self.sequence = capture.read_sequence(self.conn)
         self.header = _read_header(self.conn)
+
+    def storage_fault(self, err: BaseException, *, broken: bool = False) -> NodeStorageFault | None:
+        """``err`` as the fault of the node's storage it is (recorded and reported), or None
+        when it is not one. ``broken``: the file's state cannot be trusted after it."""
+        reason = storage_fault_reason(err)
+        if reason is None:
+            return None
+        fault = NodeStorageFault(
+            f"this node's local storage failed ({reason}); nothing of the call was applied",
+            reason,
+        )
+        self.fault = self.fault or fault
+        if self.on_fault is not None:
+            self.on_fault(fault)
+        if broken:
+            self.mark_broken()
+        return fault
+
+    def mark_broken(self) -> None:
+        """The file's state is not trusted any more (see :attr:`broken`)."""
+        if self.broken:
+            return
+        self.broken = True
+        if self.on_broken is not None:
+            self.on_broken()
+
+    def check_usable(self) -> None:
+        """Raise :class:`~cellactors.errors.NodeStorageFault` if the file is broken: the
+        runtime reads nothing from it either (a keyed call's record, the outbox)."""
+        if self.broken:
+            cause = f" ({self.fault.reason})" if self.fault is not None else ""
+            raise self._raising(
+                NodeStorageFault(
+                    f"this cell's local file is no longer trusted{cause}; the node gives the "
+                    "cell up, to be restored from the bucket: nothing of the call was applied"
+                )
+            )
+
+    def _raising(self, fault: NodeStorageFault) -> NodeStorageFault:
+        self._last_fault = fault
+        return fault
+
+    def raised_here(self, err: BaseException) -> bool:
+        """``err`` is the storage fault this database raised last (not one that a call to
+        another cell raised into the method)."""
+        return err is self._last_fault
 
     @contextlib.contextmanager
     def runtime_writes(self) -> Iterator[RuntimeTables]:
@@ -223,11 +293,21 @@ class CellDatabase:
         ``read_only``: ``fn`` may change nothing. The authorizer refuses every statement
         that would write or set a pragma, so the transaction takes no write lock; a change
         that got past it anyway (the method removed the authorizer) still fails the call
-        (rolled back, :class:`Refused`)."""
+        (rolled back, :class:`Refused`).
+
+        An error of the node's storage, in any statement (the method's, the runtime's, the
+        COMMIT) is raised as :class:`~cellactors.errors.NodeStorageFault` once the
+        transaction is rolled back: nothing of it is kept or shipped. When the rollback or
+        the COMMIT failed, or the method wrote on after SQLite had rolled its transaction
+        back, the file is marked :attr:`broken` and every later call is refused the same
+        way."""
+        self.check_usable()
         conn = self.conn
-        conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        self._refusal = None
+        stage = "begin"
         try:
-            self._refusal = None
+            conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+            stage = "method"
             self._header_set = False
             before = conn.total_changes
             self.read_only = read_only
@@ -237,6 +317,12 @@ class CellDatabase:
             finally:
                 _clear_authorizer(conn)
                 self.read_only = False
+            stage = "runtime"
+            if not conn.in_transaction:
+                raise TransactionLost(
+                    "the transaction was rolled back under the method (an ON CONFLICT "
+                    "ROLLBACK, a RAISE(ROLLBACK), or an error it caught): nothing was kept"
+                )
             if self._refusal is not None:
                 raise Refused(f"refused: {self._refusal}")
             seen = capture.schema_version(conn)
@@ -252,6 +338,7 @@ class CellDatabase:
                 # count as changes too) and no schema change: nothing to capture or ship.
                 if check is not None:
                     check(result)
+                stage = "commit"
                 conn.execute("COMMIT")
                 return result, capture.TxnChanges(schema_changed=False)
             if user_changed_schema:
@@ -277,11 +364,20 @@ class CellDatabase:
             changes = capture.collect(conn, self.shapes, changed or header_changed)
             if sequence != self.sequence:
                 changes.sequence = sequence
+            stage = "commit"
             conn.execute("COMMIT")
         except BaseException as err:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            lost = stage in ("method", "runtime") and not conn.in_transaction
+            intact = self._roll_back()
             self.calls.forget()  # the runtime's writes (if any) were rolled back too
+            # Statements the method ran past a lost transaction wrote outside any; a failed
+            # COMMIT may have written part of its pages (the journal is in memory).
+            suspect = not intact or (lost and self._wrote_outside())
+            fault = self.storage_fault(err, broken=suspect or stage == "commit")
+            if fault is not None:
+                raise self._raising(fault) from err
+            if suspect:
+                self.mark_broken()
             if self._refusal is not None and isinstance(err, sqlite3.DatabaseError):
                 raise Refused(f"refused: {self._refusal}") from err
             raise
@@ -289,6 +385,30 @@ class CellDatabase:
         self.sequence = sequence
         self.header = header
         return result, changes
+
+    def _wrote_outside(self) -> bool:
+        """After SQLite rolled a transaction back under the method: whether a statement
+        since changed the file (each ran in a transaction of its own): a captured row, the
+        schema or the header. Unknown counts as yes."""
+        try:
+            return (
+                capture.pending(self.conn)
+                or capture.schema_version(self.conn) != self.schema
+                or _read_header(self.conn) != self.header
+            )
+        except sqlite3.Error:
+            return True
+
+    def _roll_back(self) -> bool:
+        """Roll back the open transaction, if any: False when the rollback itself failed
+        (the file's state is then unknown)."""
+        if not self.conn.in_transaction:
+            return True
+        try:
+            self.conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            return False
+        return True
 
     def trim(self) -> None:
         """Hand the connection's page caches back to the allocator (between transactions):
@@ -344,9 +464,12 @@ class CellDatabase:
         self.conn.close()
 
     def discard(self) -> None:
-        """Close and delete the local copy (after a reset)."""
+        """Close and delete the local copy (after a reset). A file the failing storage will
+        not let go of (a read-only file system) stays behind: nothing reuses a discarded
+        file, and the next activation at that epoch, or the node's next start, removes it."""
         self.close()
-        remove_db_files(self.path)
+        with contextlib.suppress(OSError):
+            remove_db_files(self.path)
 
 
 @contextlib.contextmanager

@@ -48,6 +48,7 @@ from cellactors.errors import (
     BucketError,
     CallError,
     InvalidCellId,
+    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
     RemoteOwner,
@@ -425,7 +426,7 @@ _NOT_SENT = (
     httpx.InvalidURL,
 )
 # Answers after which the owner certainly did not run the call and a fresh route may differ.
-_REROUTE_CODES = frozenset({StaleRoute.code, NodeUnavailable.code})
+_REROUTE_CODES = frozenset({StaleRoute.code, NodeUnavailable.code, NodeStorageFault.code})
 
 
 @dataclass(frozen=True)
