@@ -15,19 +15,25 @@ safely later (e.g. after a crash of the caller); reusing a key for another metho
 arguments is refused with :class:`~cellactors.errors.KeyConflict`. Keys expire on the cell
 after a retention window (default 24 h) and a per-cell cap: a retry after that runs again.
 
-Retries (bounded by ``max_attempts``, with exponential back-off; each moves to the next URL):
+Retries ride out a node's crash: a failed attempt is sent again, each time to the next
+URL, with capped exponential back-off and jitter, until ``retry_for`` seconds (default 30:
+a lease TTL of 10 s plus the takeover, with room to spare) have passed since the first
+attempt, or ``max_attempts`` attempts were made when that optional cap is given:
 
 - ``not_run`` errors that are transient (``node_unavailable``, ``activation_failed``,
-  ``stale_route``, ``storage_unavailable``) and connections that failed before the request
-  was sent;
+  ``stale_route``, ``storage_unavailable``) and requests that never left: a connection refused or not made in time,
+  no pooled connection free in time, or a connection (a fresh one, or one from the
+  keep-alive pool) that failed while the request was being written, so the node never had
+  it whole;
 - ``unknown`` outcomes (``not_durable``, ``internal``, unreadable answers, a connection lost
-  after the request was sent, a read timeout) only when the call has a key: always, unless
-  the client was made with ``idempotency_keys=False`` and no explicit key was given; then
-  they raise at once;
+  after the whole request was written, a read timeout) only when the call has a key: always,
+  unless the client was made with ``idempotency_keys=False`` and no explicit key was given;
+  then they raise at once;
 - ``failed`` outcomes (``method_failed``, ``bad_result``) never, nor other ``not_run`` errors
   (``bad_request``, ``unknown_cell``, ``key_conflict``, ...).
 
-If every attempt fails and an earlier one had an unknown outcome, the error raised is
+A call whose every attempt was ``not_run`` raises a ``not_run`` error (the last one). If an
+earlier attempt had an unknown outcome, the error raised is
 :class:`~cellactors.errors.NotDurable` (the call may have run), never a ``not_run`` error.
 """
 
@@ -45,6 +51,7 @@ from urllib.parse import quote
 import httpx
 import msgpack
 
+from cellactors.core import retries
 from cellactors.core.changes import Change, HistoryCollected
 from cellactors.errors import (
     NOT_RUN,
@@ -85,13 +92,19 @@ _BY_CODE: dict[str, type[CallError]] = {
         CallCycle,
     )
 }
-# Failures after which the request certainly was not sent.
+# Failures after which the request certainly was not sent: no connection (refused, not
+# made in time, no pooled connection free in time) or a URL the transport cannot use.
 _NOT_SENT = (
     httpx.ConnectError,
     httpx.ConnectTimeout,
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
 )
+# Failures of writing the request: some of it never left, so the node never had it whole.
+# (httpcore hides a WriteError of HTTP/1.1 and reads on, to catch an early answer: then a
+# read error follows, and only the trace of the write tells the two apart.)
+_WRITE_FAILED = (httpx.WriteError, httpx.WriteTimeout)
+_UNSENT_TRACES = (".send_request_headers.failed", ".send_request_body.failed")
 _MAX_BACKOFF = 2.0
 
 
@@ -167,9 +180,10 @@ class Client:
     """Calls cells on any node of a fleet, failing over between ``urls``.
 
     ``idempotency_keys=False`` sends no key unless one is given explicitly; calls without a
-    key are never retried after an ``unknown`` outcome. ``max_attempts`` defaults to
-    ``max(3, len(urls))``; ``backoff`` is the first back-off delay in seconds (doubling, with
-    jitter, up to 2 s).
+    key are never retried after an ``unknown`` outcome. A failed call is retried (see the
+    module's docstring) until ``retry_for`` seconds have passed since its first attempt,
+    and at most ``max_attempts`` times in all when given; ``backoff`` is the first back-off
+    delay in seconds (doubling, with jitter, up to 2 s).
     """
 
     def __init__(
@@ -179,6 +193,7 @@ class Client:
         timeout: float = 40.0,
         connect_timeout: float = 3.0,
         encoding: Literal["json", "msgpack"] = "json",
+        retry_for: float = 30.0,
         max_attempts: int | None = None,
         idempotency_keys: bool = True,
         backoff: float = 0.1,
@@ -189,9 +204,10 @@ class Client:
             raise ValueError("Client needs at least one node URL")
         self.urls = [u.rstrip("/") for u in self.urls]
         self.encoding: codec.Encoding = encoding
-        self.max_attempts = max_attempts or max(3, len(self.urls))
+        self.retry = retries.RetryPolicy(
+            retry_for, max_attempts, backoff, max(backoff, _MAX_BACKOFF)
+        )
         self.idempotency_keys = idempotency_keys
-        self.backoff = backoff
         self._own_http = http is None
         self._http = http or httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._start = itertools.count()
@@ -234,46 +250,60 @@ class Client:
         headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding]}
         if key is not None:
             headers[codec.IDEMPOTENCY_HEADER] = key
-        with self._start_lock:
-            start = next(self._start) % len(self.urls)
-        last: CallError | None = None
+        start = self._next_start()
+        began = time.monotonic()
         maybe_ran = False
-        for attempt in range(self.max_attempts):
-            if last is not None:
-                time.sleep(self._delay(attempt, last))
-            base = self.urls[(start + attempt) % len(self.urls)]
-            err: CallError
-            try:
-                resp = self._http.post(base + path, content=body, headers=headers)
-            except _NOT_SENT as e:
-                err = NodeUnavailable(f"{base} unreachable: {e!r}")
-                err.__cause__ = e
-            except httpx.HTTPError as e:
-                err = NotDurable(f"{base}: outcome unknown, the call may have run: {e!r}")
-                err.__cause__ = e
+        attempts = 0
+        while True:
+            base = self.urls[(start + attempts) % len(self.urls)]
+            attempts += 1
+            answer = self._post(base + path, body, headers)
+            if isinstance(answer, httpx.Response):
+                if answer.is_success:
+                    return self._result(answer)
+                err = error_from_answer(answer.status_code, self._decode_error(answer))
             else:
-                if resp.is_success:
-                    return self._result(resp)
-                err = error_from_answer(resp.status_code, self._decode_error(resp))
+                err = answer
             maybe_ran = maybe_ran or err.outcome == UNKNOWN
-            last = err
-            if not _may_retry(err, key):
+            if not retries.may_retry(err.outcome, err.retryable, key is not None):
                 break
-        assert last is not None
-        if maybe_ran and last.outcome == NOT_RUN:
+            wait = self._wait(attempts, began, err)
+            if wait is None:
+                break
+            time.sleep(wait)
+        if maybe_ran and err.outcome == NOT_RUN:
             hint = f" (idempotency key {key!r})" if key is not None else ""
             raise NotDurable(
-                f"an earlier attempt may have run the call{hint}; the last one: {last}"
-            ) from last
-        raise last
+                f"an earlier attempt may have run the call{hint}; the last one: {err}"
+            ) from err
+        raise err
 
-    def _delay(self, attempt: int, last: CallError) -> float:
-        """No wait while trying each URL once after a node was unavailable (the next one
-        may well answer); otherwise exponential back-off with jitter."""
-        if attempt < len(self.urls) and isinstance(last, NodeUnavailable):
-            return 0.0
-        delay = min(_MAX_BACKOFF, self.backoff * 2.0 ** max(0, attempt - 1))
-        return delay * random.uniform(0.5, 1.0)
+    def _next_start(self) -> int:
+        """The URL a new call (or feed) tries first: round robin over ``urls``."""
+        with self._start_lock:
+            return next(self._start) % len(self.urls)
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response | CallError:
+        """One attempt: the answer, or the error of a request that got none (``not_run``
+        when the request never left whole, else ``unknown``)."""
+        unsent: list[str] = []
+
+        def trace(event: str, info: Mapping[str, Any]) -> None:
+            if event.endswith(_UNSENT_TRACES):
+                unsent.append(event)
+
+        try:
+            return self._http.post(url, content=body, headers=headers, extensions={"trace": trace})
+        except httpx.HTTPError as e:
+            return _transport_error(url, e, bool(unsent))
+
+    def _wait(self, attempts: int, began: float, last: CallError) -> float | None:
+        """Seconds to wait before the next attempt, or None when the retries are over: no
+        wait while trying each URL once after a node was unavailable (the next one may well
+        answer); otherwise exponential back-off with jitter, until the deadline."""
+        first_pass = attempts < len(self.urls) and isinstance(last, NodeUnavailable)
+        elapsed = time.monotonic() - began
+        return retries.next_wait(self.retry, attempts, elapsed, first_pass, random.random())
 
     def _result(self, resp: httpx.Response) -> Any:
         try:
@@ -315,7 +345,8 @@ class Client:
         ``snapshot_txid`` say where to start)."""
         pos = after
         failures = 0
-        start = next(self._start) % len(self.urls)
+        failing_since = 0.0  # monotonic start of the current run of failures
+        start = self._next_start()
         path = f"/cells/{_quote(cls_name)}/{_quote(name)}/changes"
         accept = codec.CONTENT_TYPES[self.encoding]
         while True:
@@ -346,13 +377,18 @@ class Client:
                 if not follow:
                     return
                 # A round that ended well: stay on this node, and earlier failures do not add
-                # up (a quiet feed would otherwise give up after max_attempts blips).
+                # up (a quiet feed would otherwise give up after a few blips a day apart).
                 start, failures = (start + failures) % len(self.urls), 0
                 continue
+            if failures == 0:
+                failing_since = time.monotonic()
             failures += 1
-            if failures >= self.max_attempts:
+            # A feed is a read: every transient failure may be tried again, on the next URL,
+            # under the same deadline as a call, counted from the first failure in a row.
+            delay = self._wait(failures, failing_since, err)
+            if delay is None:
                 raise err
-            time.sleep(self._delay(failures, err))
+            time.sleep(delay)
 
     def close(self) -> None:
         """Close the underlying connection pool (if this client created it)."""
@@ -402,11 +438,25 @@ def _records(resp: httpx.Response, encoding: codec.Encoding) -> Iterator[dict[st
             yield codec.decode(line.encode("utf-8"), "json")
 
 
-def _may_retry(err: CallError, key: str | None) -> bool:
-    """Transient ``not_run`` errors always; ``unknown`` outcomes only under a key."""
-    if err.outcome == NOT_RUN:
-        return err.retryable
-    return err.outcome == UNKNOWN and key is not None
+def _transport_error(url: str, exc: httpx.HTTPError, unsent: bool) -> CallError:
+    """The error of an attempt that got no answer. ``not_run`` (``NodeUnavailable``, tried
+    again) when the request never left whole: no connection, or the write of the request
+    failed (``unsent``: httpcore traced a failed write of its head or body, on a fresh
+    connection or a pooled one found dead). Otherwise the whole request was written and the
+    connection failed after it (lost, reset, closed, timed out): the node may have run the
+    call, so the outcome is unknown (``NotDurable``)."""
+    base = url.split("/cells/", 1)[0]
+    err: CallError
+    if isinstance(exc, httpx.LocalProtocolError):
+        err = BadRequest(f"the request to {base} could not be formed: {exc!r}")
+    elif isinstance(exc, _NOT_SENT):
+        err = NodeUnavailable(f"{base} unreachable: {exc!r}")
+    elif unsent or isinstance(exc, _WRITE_FAILED):
+        err = NodeUnavailable(f"{base}: the connection failed before the request was sent: {exc!r}")
+    else:
+        err = NotDurable(f"{base}: outcome unknown, the call may have run: {exc!r}")
+    err.__cause__ = exc
+    return err
 
 
 def _quote(part: str) -> str:

@@ -1,29 +1,58 @@
 """A loopback TCP server that reads whole HTTP requests and answers each connection with
 fixed bytes (or nothing), then closes it: a peer or a store that misbehaves on the wire in
-exactly one chosen way."""
+exactly one chosen way (it may also reset connections, or not listen yet)."""
 
 from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
+from typing import Literal
 
 WAIT = 10.0  # upper bound for every wait
+#: What the server does with each connection: read the whole request and answer ``reply``
+#: (or close), or reset the connection (RST) after reading the head only, or the whole
+#: request.
+Mode = Literal["answer", "reset_after_head", "reset_after_request"]
 
 
 class RawServer:
     """Per connection: read one whole request (head, and a body of its Content-Length), then
     write ``reply`` and close, or close without answering when ``reply`` is None. With
-    ``tls`` the connection is TLS (a failed handshake just ends that connection)."""
+    ``tls`` the connection is TLS (a failed handshake just ends that connection). ``mode``
+    may reset connections instead (see :data:`Mode`); ``heads`` counts the request heads
+    read. With ``listening=False`` the port is bound but refuses connections until
+    :meth:`listen`."""
 
-    def __init__(self, reply: bytes | None = None, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        reply: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
+        mode: Mode = "answer",
+        listening: bool = True,
+    ) -> None:
         self.reply = reply
         self.tls = tls
+        self.mode = mode
+        self.heads = 0
         self.requests: list[tuple[bytes, dict[str, str], bytes]] = []  # line, headers, body
-        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if mode == "reset_after_head":  # a small window: a large body cannot all be sent
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self._sock.bind(("127.0.0.1", 0))
         self._sock.settimeout(WAIT)
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._stop = threading.Event()
+        self._listening = False
+        if listening:
+            self.listen()
+
+    def listen(self) -> None:
+        """Start accepting connections (until now, connecting was refused)."""
+        self._sock.listen()
+        self._listening = True
         self._thread.start()
 
     @property
@@ -57,6 +86,10 @@ class RawServer:
             if not chunk:
                 break
             data += chunk
+        self.heads += 1
+        if self.mode == "reset_after_head":
+            _reset(conn)
+            return
         head, _, body = data.partition(b"\r\n\r\n")
         line, *header_lines = head.split(b"\r\n")
         headers = {}
@@ -70,13 +103,22 @@ class RawServer:
                 break
             body += chunk
         self.requests.append((line, headers, body))
-        if self.reply is not None:
+        if self.mode == "reset_after_request":
+            _reset(conn)
+        elif self.reply is not None:
             conn.sendall(self.reply)
 
     def close(self) -> None:
         """Stop: wake the accepting thread with one last connection, then close."""
         self._stop.set()
-        with socket.create_connection(self._sock.getsockname()[:2], timeout=WAIT):
-            pass
-        self._thread.join(WAIT)
+        if self._listening:
+            with socket.create_connection(self._sock.getsockname()[:2], timeout=WAIT):
+                pass
+            self._thread.join(WAIT)
         self._sock.close()
+
+
+def _reset(conn: socket.socket) -> None:
+    """Close ``conn`` with a TCP reset (RST) instead of an orderly FIN."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()

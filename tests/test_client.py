@@ -61,7 +61,10 @@ def test_dead_first_url_is_skipped(served: Served) -> None:
 
 
 def test_all_urls_dead_raises_node_unavailable() -> None:
-    with Client([dead_url(), dead_url()]) as client, pytest.raises(NodeUnavailable) as info:
+    with (
+        Client([dead_url(), dead_url()], retry_for=0.3) as client,
+        pytest.raises(NodeUnavailable) as info,
+    ):
         client.cell("Counter", "a").whoami()
     assert isinstance(info.value.__cause__, httpx.ConnectError)
 

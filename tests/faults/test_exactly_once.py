@@ -50,7 +50,7 @@ def rows(urls: list[str], cell: str) -> list[str]:
 
 def patient(urls: list[str]) -> Client:
     """A client that keeps retrying (with its key) through a takeover."""
-    return Client(urls, max_attempts=30, backoff=0.2, timeout=20)
+    return Client(urls, retry_for=120.0, max_attempts=30, backoff=0.2, timeout=20)
 
 
 def add_on(node: FaultNode, cell: str, entry: str) -> int:
@@ -225,7 +225,7 @@ def test_ledger_of_keyed_calls_under_kills_and_pauses_has_one_effect_per_call(
     stop = threading.Event()
 
     def writer(seed: int) -> None:
-        client = Client(urls, max_attempts=40, backoff=0.1, timeout=20)
+        client = Client(urls, retry_for=120.0, max_attempts=40, backoff=0.1, timeout=20)
         rng = random.Random(seed)
         while not stop.is_set():
             with lock:

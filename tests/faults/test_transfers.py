@@ -43,7 +43,7 @@ def test_transfers_under_sigkill_keep_the_total_and_apply_each_once(
         for i in range(3)
     ]
     fleet = Fleet(nodes).start()
-    client = Client(fleet.urls, max_attempts=40, timeout=20, backoff=0.2)
+    client = Client(fleet.urls, retry_for=120.0, max_attempts=40, timeout=20, backoff=0.2)
     outcomes: dict[str, str] = {}  # transfer id -> ok / refused / unknown
     stop = threading.Event()
     try:
