@@ -125,3 +125,31 @@ class Inbox(CellActor):
 
     def got(self) -> list[list[str]]:
         return [[r[0], r[1]] for r in self.db.execute("SELECT sender, value FROM got ORDER BY seq")]
+
+
+class Payer(CellActor):
+    """Sends payments through the outbox to ``Account`` cells named by a string, so the
+    class need not be served (or the method exist) when the message is sent."""
+
+    def pay(self, to: str, amounts: list[int], method: str = "deposit") -> list[str]:
+        return [self.send("Account", to, method, amount=a) for a in amounts]
+
+    def sql(self, statement: str) -> list[list[Any]]:
+        return [list(r) for r in self.db.execute(statement).fetchall()]
+
+
+class Account(CellActor):
+    """Receives payments; every credit is a row, so one applied twice shows up twice."""
+
+    def on_activate(self) -> None:
+        self.db.execute("CREATE TABLE IF NOT EXISTS credits (seq INTEGER PRIMARY KEY, amount INT)")
+
+    def deposit(self, amount: int) -> int:
+        self.db.execute("INSERT INTO credits (amount) VALUES (?)", [amount])
+        return int(self.db.execute("SELECT sum(amount) FROM credits").fetchone()[0])
+
+    def refuse(self, amount: int) -> None:
+        raise ValueError(f"no payments of {amount} here")
+
+    def credits(self) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT amount FROM credits ORDER BY seq")]

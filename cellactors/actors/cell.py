@@ -44,7 +44,7 @@ import sqlite_utils
 from cellactors.actors.cell_gate import CellInbox, ExecGate
 from cellactors.actors.channel import Outcome, ReplicaChannel
 from cellactors.actors.messages import (
-    DropOutbox,
+    EditRuntime,
     FireAlarm,
     Invoke,
     ReadOutbox,
@@ -56,7 +56,6 @@ from cellactors.errors import (
     UNKNOWN,
     BadRequest,
     BadResult,
-    CellactorsError,
     ConfigError,
     KeyConflict,
     MethodFailed,
@@ -453,8 +452,8 @@ class CellActor(pykka.ThreadingActor):
         if isinstance(message, ReadOutbox):
             rt = self._require_runtime()
             return self._reading(lambda: (rt.database.tables.messages(), rt.channel.acked))
-        if isinstance(message, DropOutbox):
-            self._drop_outbox(message)
+        if isinstance(message, EditRuntime):
+            self._edit_runtime(message)
             return None
         return super().on_receive(message)
 
@@ -616,20 +615,23 @@ class CellActor(pykka.ThreadingActor):
                     changes = TxnChanges()
             self._commit(changes, outcome)
 
-    def _drop_outbox(self, msg: DropOutbox) -> None:
-        """Delete delivered messages (a transaction of the sender's)."""
+    def _edit_runtime(self, msg: EditRuntime) -> None:
+        """The runtime's own transaction on its tables (the outbox deleting delivered
+        messages and burying dead letters, an operator's retry or purge); its answer is held
+        like a call's. A failure rolls it back and is the answer."""
+        msg.started = True
         rt = self._require_runtime()
         outcome = Outcome(msg.reply)
 
-        def body() -> None:
+        def body() -> Any:
             with rt.database.runtime_writes() as tables:
-                tables.remove_messages(msg.seqs)
+                return msg.apply(tables, rt.next_txid)
 
         try:
-            _, changes = self._run(body)
+            outcome.value, changes = self._run(body)
             self._commit(changes, outcome)
-        except CellactorsError as err:
-            outcome.error = err
+        except Exception as err:
+            outcome.error, outcome.value = err, None
         rt.channel.hold(outcome)
         rt.channel.note_progress()
 

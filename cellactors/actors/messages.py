@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from pykka.messages import ProxyCall, ProxyGetAttr
 
 from cellactors.persistence.calls import Retention
+
+if TYPE_CHECKING:
+    from cellactors.persistence.runtime_tables import RuntimeTables
 
 
 @dataclass
@@ -50,12 +53,15 @@ class ReadOutbox:
 
 
 @dataclass
-class DropOutbox:
-    """Delete delivered outbox messages in a transaction of the sender; ``reply`` gets
-    None once that is durable."""
+class EditRuntime:
+    """Run ``apply(tables, txid)`` on the cell's runtime tables in a transaction of the cell
+    (the outbox's deliveries and dead letters; ``txid`` is the one it commits as, if it
+    writes); ``reply`` gets its result once that, and every earlier transaction, is
+    durable. ``started`` is set when the cell takes it."""
 
-    seqs: list[int]
+    apply: Callable[[RuntimeTables, int], Any]
     reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
+    started: bool = False
 
 
 @dataclass

@@ -181,8 +181,9 @@ class NodeMetrics:
         )
         self.outbox = Counter(
             "cellactors_outbox_messages",
-            "Outbox messages this node delivered, by result: delivered, dropped (the target "
-            "refused it for good or its method raised), retried (not acknowledged yet).",
+            "Outbox messages this node delivered, by result: delivered, retried (a delivery "
+            "failed; tried again later), dead_lettered (given up: moved to the sender's dead "
+            "letters).",
             ["result"],
             registry=r,
         )

@@ -25,7 +25,7 @@ from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor, LeaseClock
-from cellactors.actors.messages import FireAlarm, Invoke, ask_method
+from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ask_method
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics, NodeSample
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
@@ -34,6 +34,7 @@ from cellactors.actors.storage import DEGRADED, StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
 from cellactors.core import alarms as alarm_rules
+from cellactors.core.dead_letters import DeadLetterPolicy
 from cellactors.errors import (
     NOT_RUN,
     UNKNOWN,
@@ -60,6 +61,7 @@ from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.runtime_tables import DeadLetter, RuntimeTables
 
 T = TypeVar("T")
 
@@ -97,11 +99,20 @@ class NodeSettings:
     #: this of its time (once that node's lease expired); a node scans when an alarm of a
     #: cell it released falls due, so those fire within a second.
     alarm_scan_interval: float = 30.0
+    #: An outbox message is a dead letter after this many deliveries refused because the
+    #: target serves no such class or method (at once when refused for good or it raised).
+    outbox_max_attempts: int = 10
+    #: ... or once it has been undelivered this many seconds, for any reason.
+    outbox_max_age: float = 3600.0
 
     def __post_init__(self) -> None:
         self.retention()  # refuse bad idempotency settings when the node is configured
         if not self.alarm_scan_interval > 0:
             raise ConfigError(f"alarm scan interval must be positive: {self.alarm_scan_interval}")
+        try:
+            DeadLetterPolicy(self.outbox_max_attempts, self.outbox_max_age)
+        except ValueError as err:
+            raise ConfigError(f"outbox dead-letter bounds: {err}") from err
 
     def retention(self) -> calls.Retention:
         """The idempotency-key retention these settings describe."""
@@ -551,6 +562,69 @@ class Node:
                 return result
         raise ActivationFailed(f"{cell_id} kept moving while its alarm was due")
 
+    # --- dead letters (the outbox's messages given up) ----------------------------------
+
+    def dead_letters(self, cls: type[CellActor] | str, name: str) -> list[DeadLetter]:
+        """The cell's dead letters, oldest first (activating the cell here if no live peer
+        owns it; :class:`~cellactors.errors.RemoteOwner` when one does)."""
+        letters: list[DeadLetter] = self._edit_runtime(
+            cls, name, lambda tables, _txid: tables.dead_letters()
+        )
+        return letters
+
+    def retry_dead_letters(
+        self, cls: type[CellActor] | str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]:
+        """Move the cell's dead letters ``ids`` (default: all) back into its outbox, durably,
+        to be delivered again under the same message ids (idempotency keys); returns the
+        ids moved (unknown ones are skipped)."""
+        wanted = None if ids is None else list(ids)
+        moved: list[str] = self._edit_runtime(
+            cls, name, lambda tables, txid: tables.revive(wanted, txid)
+        )
+        return moved
+
+    def purge_dead_letters(
+        self, cls: type[CellActor] | str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]:
+        """Delete the cell's dead letters ``ids`` (default: all) for good, durably; returns
+        the ids deleted."""
+        wanted = None if ids is None else list(ids)
+        gone: list[str] = self._edit_runtime(cls, name, lambda tables, _txid: tables.purge(wanted))
+        return gone
+
+    def _edit_runtime(
+        self, cls: type[CellActor] | str, name: str, apply: Callable[[RuntimeTables, int], T]
+    ) -> T:
+        """Run ``apply`` in a transaction of the cell on this node; its result once durable."""
+        cls_name = cls if isinstance(cls, str) else cls.__name__
+        cell_id = keys.make_cell_id(cls_name, name)
+        deadline = time.monotonic() + self.settings.call_timeout
+        for _ in range(3):
+            try:
+                active = self.activate_here(cell_id)
+            except StaleRoute:
+                route = self._cached_route(cell_id)
+                if route is None:
+                    raise
+                raise RemoteOwner(route.node, route.addr, route.generation) from None
+            edit = EditRuntime(apply)
+            try:
+                active.cell.tell(edit)
+            except pykka.ActorDeadError:
+                continue
+            delivered, result = self._await(edit, active, deadline)
+            if delivered:
+                self._may_send_answer()
+                return result  # type: ignore[no-any-return]
+        raise ActivationFailed(f"{cell_id} kept moving while its dead letters were handled")
+
+    def _cached_route(self, cell_id: str) -> acquire.Remote | None:
+        """The live peer that owned the cell when this node last looked, if still fresh."""
+        with self._lock:
+            route = self._routes.get(cell_id)
+        return route[0] if route is not None and route[1] > time.monotonic() else None
+
     def routed_elsewhere(self, cell_id: str) -> bool:
         """A live peer owned the cell when this node last looked (a cached route)."""
         with self._lock:
@@ -558,7 +632,7 @@ class Node:
         return route is not None and route[1] > time.monotonic()
 
     def _await(
-        self, invoke: Invoke | FireAlarm, active: Active, deadline: float
+        self, invoke: Invoke | FireAlarm | EditRuntime, active: Active, deadline: float
     ) -> tuple[bool, Any]:
         """Wait for the held answer. Returns (False, None) when the cell actor stopped
         without ever starting the call (a stop raced the send), so it can be routed again."""

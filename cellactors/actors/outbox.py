@@ -4,25 +4,34 @@ durable, each with its id as the target call's idempotency key.
 One worker thread per sender cell with messages, on the node hosting it. A round reads the
 messages (through the cell's mailbox, so the database is only touched by its thread),
 delivers those of acknowledged transactions in ``seq`` order, stops at the first failure
-per target (so each sender-target pair is delivered in send order), then deletes the
-delivered ones in a transaction of the sender. Undelivered messages are retried with
-backoff, forever (an unknown class or method included: a fleet mid-deploy); a message whose
-target refused it for good (bad arguments, a key conflict, a cycle) or whose method raised is
-dropped with an error in the log. A crash
-between a delivery and the deletion delivers again, and the target's idempotency record
-answers without running again (within its retention window).
+per target (so each sender-target pair is delivered in send order), then, in one
+transaction of the sender, deletes the delivered ones and moves those given up to the
+sender's dead letters. Undelivered messages are retried with backoff until the node's
+:class:`~cellactors.core.dead_letters.DeadLetterPolicy` gives them up: at once when the
+target refused one for good (bad arguments, a key conflict, a cycle) or its method raised;
+after ``outbox_max_attempts`` refusals because the target serves no such class or method (a
+typo, or a fleet mid-deploy); and once one has been undelivered for ``outbox_max_age``
+(its target unreachable that long). A dead letter no longer holds back the later messages
+to its target; it is logged at WARNING, counted, and kept with its reason until an operator
+retries it (back into the outbox, delivered under the same id) or purges it. The attempt
+counts live in the delivering worker (a takeover starts them again); the age is durable.
+
+A crash between a delivery and the deletion delivers again, and the target's idempotency
+record answers without running again (within its retention window).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from cellactors.actors.messages import DropOutbox, ReadOutbox
+from cellactors.actors.messages import EditRuntime, ReadOutbox
 from cellactors.core import alarms
+from cellactors.core.dead_letters import DeadLetterPolicy, Failure, give_up
 from cellactors.errors import (
     FAILED,
     NOT_RUN,
@@ -33,22 +42,42 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.persistence.runtime_tables import Message
+from cellactors.persistence import calls
+from cellactors.persistence.runtime_tables import GivenUp, Message, RuntimeTables
 
 if TYPE_CHECKING:
     from cellactors.actors.node import Node
 
 log = logging.getLogger(__name__)
 
-DELIVERED, DROPPED, RETRY = "delivered", "dropped", "retried"
+DELIVERED, DEAD_LETTERED, RETRY = "delivered", "dead_lettered", "retried"
 #: How long an idle worker waits for a kick (an acknowledgement) before looking again.
 IDLE_WAIT_S = 1.0
+
+
+@dataclass
+class _Tries:
+    """The failed deliveries of one message by this worker."""
+
+    attempts: int = 0
+    unserved: int = 0  # of which the target served no such class or method
+    first_ms: int = 0
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one delivery went: ``result`` (:data:`DELIVERED`, :data:`RETRY` or
+    :data:`DEAD_LETTERED`) and, for a letter given up, why."""
+
+    result: str
+    letter: GivenUp | None = None
 
 
 class _Worker:
     def __init__(self) -> None:
         self.kicked = threading.Event()
         self.kicked.set()
+        self.tries: dict[str, _Tries] = {}  # message id -> its failed deliveries
 
 
 class OutboxWorkers:
@@ -86,7 +115,7 @@ class OutboxWorkers:
                         del self._workers[cell_id]  # a kick after this starts a new worker
                         return
                 worker.kicked.clear()
-                more, failures = self._round(cell_id)
+                more, failures = self._round(cell_id, worker)
                 if failures:
                     failed_rounds += 1
                     self._stop.wait(alarms.delivery_backoff(failed_rounds))
@@ -102,7 +131,7 @@ class OutboxWorkers:
             if self._workers.get(cell_id) is worker:
                 del self._workers[cell_id]
 
-    def _round(self, cell_id: str) -> tuple[bool, bool]:
+    def _round(self, cell_id: str, worker: _Worker) -> tuple[bool, bool]:
         """One delivery round: (messages remain, some delivery failed)."""
         node = self.node
         timeout = node.settings.op_deadline * 2
@@ -124,53 +153,105 @@ class OutboxWorkers:
         by_seq: dict[int, Message] = {m.seq: m for m in messages}
         blocked: set[str] = set()
         delivered: list[int] = []
+        dead: dict[int, GivenUp] = {}
         failures = False
         for pending in alarms.deliverable([m.pending for m in messages], acked, blocked):
             if pending.target in blocked:
                 continue
-            result = self._deliver(cell_id, by_seq[pending.seq])
-            node.metrics.outbox.labels(result).inc()
-            if result == RETRY:
+            message = by_seq[pending.seq]
+            outcome = self._deliver(cell_id, message, worker)
+            if outcome.result == RETRY:
+                node.metrics.outbox.labels(RETRY).inc()
                 blocked.add(pending.target)
                 failures = True
+            elif outcome.letter is not None:
+                dead[pending.seq] = outcome.letter  # later ones to its target go ahead
             else:
+                node.metrics.outbox.labels(DELIVERED).inc()
                 delivered.append(pending.seq)
-        if delivered:
-            drop = DropOutbox(delivered)
+        if delivered or dead:
+            settle = EditRuntime(lambda tables, _txid: _settle(tables, delivered, dead))
             try:
-                active.cell.tell(drop)
-                drop.reply.get(timeout=timeout)
+                active.cell.tell(settle)
+                settle.reply.get(timeout=timeout)
             except (pykka.ActorDeadError, pykka.Timeout, CallError) as err:
-                log.info("delivered messages of %s not deleted yet: %s", cell_id, err)
+                log.info("delivered or dead messages of %s not settled yet: %s", cell_id, err)
                 return True, True
-        return len(delivered) < len(messages), failures
+            for seq, letter in dead.items():
+                self._buried(cell_id, by_seq[seq], letter, worker)
+        for seq in delivered:
+            worker.tries.pop(by_seq[seq].id, None)
+        return len(delivered) + len(dead) < len(messages), failures
 
-    def _deliver(self, sender: str, message: Message) -> str:
+    def _buried(self, sender: str, message: Message, letter: GivenUp, worker: _Worker) -> None:
+        """A message moved to the dead letters, durably: logged and counted."""
+        worker.tries.pop(message.id, None)
+        self.node.metrics.outbox.labels(DEAD_LETTERED).inc()
+        log.warning(
+            "message %s of %s to %s.%s is a dead letter after %d attempt(s): %s (%s)",
+            message.id,
+            sender,
+            message.target,
+            message.method,
+            letter.attempts,
+            letter.reason,
+            letter.code,
+        )
+
+    def _deliver(self, sender: str, message: Message, worker: _Worker) -> _Outcome:
+        """Deliver one message; a failure is tried again later or given up (the node's
+        dead-letter policy)."""
         cls_name, _, name = message.target.partition(":")
         try:
             self.node.call_cell(cls_name, name, message.method, message.kwargs, key=message.id)
         except InvalidCellId as err:
-            log.error("message %s of %s dropped: %s", message.id, sender, err)
-            return DROPPED
+            return self._failed(message, worker, Failure.FINAL, "bad_request", NOT_RUN, str(err))
         except CallError as err:
-            final = err.outcome == FAILED or (err.outcome == NOT_RUN and not err.retryable)
-            # An unknown class or method may be a node of another version during a deploy:
-            # retried, never dropped; as are routing answers (the call ran nowhere).
-            transient = (StaleRoute, NodeUnavailable, RemoteOwner, UnknownCell)
-            if final and not isinstance(err, transient):
-                log.error(
-                    "message %s of %s to %s.%s dropped: %s (%s)",
-                    message.id,
-                    sender,
-                    message.target,
-                    message.method,
-                    err,
-                    err.code,
-                )
-                return DROPPED
+            kind = failure_kind(err)
             log.info("message %s of %s not delivered yet: %s", message.id, sender, err)
-            return RETRY
-        return DELIVERED
+            return self._failed(message, worker, kind, err.code, err.outcome, str(err))
+        return _Outcome(DELIVERED)
+
+    def _failed(
+        self, message: Message, worker: _Worker, kind: Failure, code: str, outcome: str, text: str
+    ) -> _Outcome:
+        """Count a failed delivery and decide whether the message is given up."""
+        now = calls.now_ms()
+        tries = worker.tries.setdefault(message.id, _Tries(first_ms=now))
+        tries.attempts += 1
+        tries.unserved += kind is Failure.UNSERVED
+        policy = DeadLetterPolicy(
+            self.node.settings.outbox_max_attempts, self.node.settings.outbox_max_age
+        )
+        why = give_up(policy, kind, tries.unserved, message.at_ms, now)
+        if why is None:
+            return _Outcome(RETRY)
+        reason = f"{why}: {text}"
+        return _Outcome(
+            DEAD_LETTERED, GivenUp(code, outcome, reason, tries.attempts, tries.first_ms)
+        )
 
 
-__all__ = ["OutboxWorkers"]
+def failure_kind(err: CallError) -> Failure:
+    """What a delivery's error says about trying again (see
+    :mod:`cellactors.core.dead_letters`): an unknown class or method may be a node of another
+    version during a deploy, and routing answers mean the call ran nowhere."""
+    if isinstance(err, UnknownCell):  # UnknownMethod included
+        return Failure.UNSERVED
+    if isinstance(err, (StaleRoute, NodeUnavailable, RemoteOwner)):
+        return Failure.TRANSIENT
+    if err.outcome == FAILED or (err.outcome == NOT_RUN and not err.retryable):
+        return Failure.FINAL
+    return Failure.TRANSIENT
+
+
+def _settle(tables: RuntimeTables, delivered: list[int], dead: dict[int, GivenUp]) -> Any:
+    """The sender's transaction after a round: delivered messages deleted, given-up ones
+    moved to the dead letters."""
+    tables.remove_messages(delivered)
+    for seq, letter in dead.items():
+        tables.bury(seq, letter)
+    return None
+
+
+__all__ = ["OutboxWorkers", "failure_kind"]

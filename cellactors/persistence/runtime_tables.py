@@ -1,12 +1,15 @@
-"""The runtime's alarm and outbox tables in a cell's own database.
+"""The runtime's alarm, outbox and dead-letter tables in a cell's own database.
 
 ``_cellactors_alarm`` holds the cell's one alarm; ``_cellactors_outbox`` the messages of
-``send`` not yet delivered. Both are written by the runtime inside the call's own
-transaction, so they are captured like any row and ride in the same batch as the user's
-writes: an alarm set, or a message sent, exists exactly when the transaction that set it is
-durable. Each is created by its first use (that transaction is a schema change, so its
-batch carries a database image); cells that never use them never have them. User SQL may
-read them but not write them (:mod:`cellactors.persistence.celldb`).
+``send`` not yet delivered; ``_cellactors_dead_letters`` the messages that could not be
+delivered (with why, how often it was tried, and when), moved there out of the outbox by the
+delivering node, and back by an operator's retry. All are written by the runtime inside a
+transaction of the cell, so they are captured like any row and ride in the same batch as
+the user's writes: an alarm set, a message sent or a letter moved exists exactly when the
+transaction that did it is durable, and survives a takeover. Each is created by its first
+use (that transaction is a schema change, so its batch carries a database image); cells
+that never use them never have them. User SQL may read them but not write them
+(:mod:`cellactors.persistence.celldb`).
 """
 
 from __future__ import annotations
@@ -38,11 +41,29 @@ OUTBOX_SQL = (
     "kwargs BLOB NOT NULL, "
     "at_ms INTEGER NOT NULL)"
 )
+DEAD_LETTER_TABLE = "_cellactors_dead_letters"
+DEAD_LETTER_SQL = (
+    f"CREATE TABLE {DEAD_LETTER_TABLE} ("
+    "seq INTEGER PRIMARY KEY, "
+    "id TEXT NOT NULL UNIQUE, "
+    "txid INTEGER NOT NULL, "
+    "target TEXT NOT NULL, "
+    "method TEXT NOT NULL, "
+    "kwargs BLOB NOT NULL, "
+    "sent_ms INTEGER NOT NULL, "
+    "attempts INTEGER NOT NULL, "
+    "first_failure_ms INTEGER NOT NULL, "
+    "dead_ms INTEGER NOT NULL, "
+    "code TEXT NOT NULL, "
+    "outcome TEXT NOT NULL, "
+    "reason TEXT NOT NULL)"
+)
 #: Every runtime table with the exact SQL that creates it.
 RUNTIME_SQL = {
     calls.CALLS_TABLE: calls.CALLS_SQL,
     ALARM_TABLE: ALARM_SQL,
     OUTBOX_TABLE: OUTBOX_SQL,
+    DEAD_LETTER_TABLE: DEAD_LETTER_SQL,
 }
 
 
@@ -70,7 +91,7 @@ class AlarmRow:
 
 @dataclass(frozen=True)
 class Message:
-    """One undelivered outbox message."""
+    """One undelivered outbox message, sent (or moved back by a retry) at ``at_ms``."""
 
     seq: int
     id: str
@@ -78,10 +99,60 @@ class Message:
     target: str
     method: str
     kwargs: dict[str, Any]
+    at_ms: int = 0
 
     @property
     def pending(self) -> Pending:
         return Pending(self.seq, self.target, self.txid)
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """Why a message is given up: the last delivery's error ``code`` and ``outcome``
+    (``unknown``: it may have been applied), a readable ``reason``, and the deliveries
+    tried (``attempts``, the first failing at ``first_ms``)."""
+
+    code: str
+    outcome: str
+    reason: str
+    attempts: int
+    first_ms: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that could not be delivered: the message (``id`` is still its delivery's
+    idempotency key), when it was sent, and why and when it was given up."""
+
+    id: str
+    txid: int
+    target: str
+    method: str
+    kwargs: dict[str, Any]
+    sent_ms: int
+    attempts: int
+    first_failure_ms: int
+    dead_ms: int
+    code: str
+    outcome: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The letter as the operator endpoints and the command show it."""
+        return {
+            "id": self.id,
+            "target": self.target,
+            "method": self.method,
+            "kwargs": self.kwargs,
+            "txid": self.txid,
+            "sent_ms": self.sent_ms,
+            "attempts": self.attempts,
+            "first_failure_ms": self.first_failure_ms,
+            "dead_ms": self.dead_ms,
+            "code": self.code,
+            "outcome": self.outcome,
+            "reason": self.reason,
+        }
 
 
 class RuntimeTables:
@@ -154,13 +225,13 @@ class RuntimeTables:
         if not _exists(self.conn, OUTBOX_TABLE):
             return []
         rows = self.conn.execute(
-            f"SELECT seq, id, txid, target, method, kwargs FROM main.{OUTBOX_TABLE} "
+            f"SELECT seq, id, txid, target, method, kwargs, at_ms FROM main.{OUTBOX_TABLE} "
             "ORDER BY seq LIMIT ?",
             (limit,),
         ).fetchall()
         return [
-            Message(int(s), str(i), int(t), str(c), str(m), calls.decode(bytes(k)))
-            for s, i, t, c, m, k in rows
+            Message(int(s), str(i), int(t), str(c), str(m), calls.decode(bytes(k)), int(a))
+            for s, i, t, c, m, k, a in rows
         ]
 
     def remove_messages(self, seqs: list[int]) -> None:
@@ -169,6 +240,108 @@ class RuntimeTables:
                 f"DELETE FROM main.{OUTBOX_TABLE} WHERE seq = ?", [(s,) for s in seqs]
             )
             self.touched = True
+
+    # --- dead letters -------------------------------------------------------------------
+
+    def bury(self, seq: int, failure: GivenUp) -> bool:
+        """Move outbox message ``seq`` to the dead letters (in the current transaction);
+        False when it is no longer in the outbox."""
+        if not _exists(self.conn, OUTBOX_TABLE):
+            return False
+        row = self.conn.execute(
+            f"SELECT id, txid, target, method, kwargs, at_ms FROM main.{OUTBOX_TABLE} "
+            "WHERE seq = ?",
+            (seq,),
+        ).fetchone()
+        if row is None:
+            return False
+        if not _exists(self.conn, DEAD_LETTER_TABLE):
+            self.conn.execute(DEAD_LETTER_SQL)
+        self.conn.execute(
+            f"INSERT INTO main.{DEAD_LETTER_TABLE} (id, txid, target, method, kwargs, sent_ms, "
+            "attempts, first_failure_ms, dead_ms, code, outcome, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                *row,
+                failure.attempts,
+                failure.first_ms,
+                calls.now_ms(),
+                failure.code,
+                failure.outcome,
+                failure.reason,
+            ),
+        )
+        self.remove_messages([seq])
+        return True
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter, oldest burial first."""
+        if not _exists(self.conn, DEAD_LETTER_TABLE):
+            return []
+        rows = self.conn.execute(
+            "SELECT id, txid, target, method, kwargs, sent_ms, attempts, first_failure_ms, "
+            f"dead_ms, code, outcome, reason FROM main.{DEAD_LETTER_TABLE} ORDER BY seq"
+        ).fetchall()
+        return [
+            DeadLetter(
+                id=str(r[0]),
+                txid=int(r[1]),
+                target=str(r[2]),
+                method=str(r[3]),
+                kwargs=calls.decode(bytes(r[4])),
+                sent_ms=int(r[5]),
+                attempts=int(r[6]),
+                first_failure_ms=int(r[7]),
+                dead_ms=int(r[8]),
+                code=str(r[9]),
+                outcome=str(r[10]),
+                reason=str(r[11]),
+            )
+            for r in rows
+        ]
+
+    def _letter_ids(self, ids: list[str] | None) -> list[str]:
+        """The ids of ``ids`` that are dead letters (every one when None), burial order."""
+        if not _exists(self.conn, DEAD_LETTER_TABLE):
+            return []
+        found = [
+            str(r[0])
+            for r in self.conn.execute(f"SELECT id FROM main.{DEAD_LETTER_TABLE} ORDER BY seq")
+        ]
+        if ids is None:
+            return found
+        wanted = set(ids)
+        return [i for i in found if i in wanted]
+
+    def revive(self, ids: list[str] | None, txid: int) -> list[str]:
+        """Move dead letters (``ids``, or all) back to the end of the outbox, in a
+        transaction committed as ``txid``: delivered again with the same message id as
+        idempotency key, their age counted from now. Returns the ids moved."""
+        moved = self._letter_ids(ids)
+        if not moved:
+            return []
+        if not _exists(self.conn, OUTBOX_TABLE):
+            self.conn.execute(OUTBOX_SQL)
+        now = calls.now_ms()
+        for letter in moved:
+            self.conn.execute(
+                f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
+                f"SELECT id, ?, target, method, kwargs, ? FROM main.{DEAD_LETTER_TABLE} "
+                "WHERE id = ?",
+                (txid, now, letter),
+            )
+            self.conn.execute(f"DELETE FROM main.{DEAD_LETTER_TABLE} WHERE id = ?", (letter,))
+        self.touched = True
+        return moved
+
+    def purge(self, ids: list[str] | None) -> list[str]:
+        """Delete dead letters (``ids``, or all) for good. Returns the ids deleted."""
+        gone = self._letter_ids(ids)
+        if gone:
+            self.conn.executemany(
+                f"DELETE FROM main.{DEAD_LETTER_TABLE} WHERE id = ?", [(i,) for i in gone]
+            )
+        return gone
 
     def outbox_pending(self) -> bool:
         if not _exists(self.conn, OUTBOX_TABLE):
