@@ -15,6 +15,8 @@ asserts on what the bucket holds, which is what survives any failure:
 - :meth:`Fleet.acknowledged`: the cell's database rebuilt read-only from the bucket (every
   acknowledged write), as table name -> rows; :meth:`Fleet.changes` its change feed.
 - :meth:`Fleet.advance_alarms`: move alarm time forward, so that alarms due by then fire now.
+- :meth:`Fleet.dead_letters`, :meth:`Fleet.retry_dead_letters`,
+  :meth:`Fleet.purge_dead_letters`: the outbox messages a cell's outbox gave up.
 
 The pytest fixture ``cellactors_fleet`` (enabled by ``pytest_plugins = ["cellactors.testing"]``
 in a ``conftest.py``, or automatically through the package's ``pytest11`` entry point) makes
@@ -28,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
@@ -44,6 +46,7 @@ from cellactors.persistence.leases import LeaseStore
 from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.restore import restore
+from cellactors.persistence.runtime_tables import DeadLetter
 
 __all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
 
@@ -51,6 +54,8 @@ __all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
 #: loaded machine to renew (every TTL/3). Takeovers never wait for it: kill and pause expire
 #: the lease directly.
 DEFAULT_TTL = 3.0
+
+T = TypeVar("T")
 
 
 class NodeDown(AssertionError):
@@ -262,6 +267,41 @@ class Fleet:
     ) -> _FleetCell:
         """A handle whose attribute calls go through :meth:`call`."""
         return _FleetCell(self, cls, name, via)
+
+    # --- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(self, cls: type[CellActor] | str, name: str) -> list[DeadLetter]:
+        """The cell's dead letters (outbox messages given up), on the node that owns it."""
+        return self._on_owner(cls, name, lambda node: node.dead_letters(cls, name))
+
+    def retry_dead_letters(
+        self, cls: type[CellActor] | str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]:
+        """Move the cell's dead letters ``ids`` (default: all) back into its outbox, to be
+        delivered again under the same message ids; the ids moved."""
+        wanted = None if ids is None else list(ids)
+        return self._on_owner(cls, name, lambda node: node.retry_dead_letters(cls, name, wanted))
+
+    def purge_dead_letters(
+        self, cls: type[CellActor] | str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]:
+        """Delete the cell's dead letters ``ids`` (default: all); the ids deleted."""
+        wanted = None if ids is None else list(ids)
+        return self._on_owner(cls, name, lambda node: node.purge_dead_letters(cls, name, wanted))
+
+    def _on_owner(self, cls: type[CellActor] | str, name: str, run: Callable[[Node], T]) -> T:
+        """``run`` on the cell's owner: the first live node, or the live peer it names."""
+        entry = self.live()[0]
+        for attempt in (1, 2):
+            try:
+                return run(entry)
+            except RemoteOwner as owner:
+                if owner.node not in self._down:
+                    return run(self.node(owner.node))
+                if attempt == 2:
+                    raise NodeDown(f"{owner.node} owns {name} but is down") from owner
+                entry.forget_route(cls if isinstance(cls, str) else cls.__name__, name)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # --- what the bucket holds ------------------------------------------------------------
 

@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
+from cellactors import NodeSettings
 from cellactors.errors import NodeUnavailable
 from cellactors.testing import Fleet, NodeDown
-from tests.alarm_cells import Hop, Reminder
+from tests.alarm_cells import Account, Hop, Payer, Reminder
 from tests.cells import Counter
 from tests.runtime_helpers import eventually
 
@@ -88,3 +89,26 @@ def test_a_cell_calls_a_cell_its_peer_owns(cellactors_fleet: Callable[..., Fleet
     fleet.kill(1)  # the forward to it runs nowhere; the route is forgotten, y taken over
     assert fleet.call(Hop, "x", "relay", path=["y"], via=0) == ["x", "y"]
     assert fleet.owner(Hop, "y") == "node-0"
+
+
+def test_dead_letters_through_the_fleet_follow_the_owner(
+    cellactors_fleet: Callable[..., Fleet],
+) -> None:
+    """A typo is a dead letter of its sender; the fleet lists, retries and purges it on
+    whichever node owns the sender, also after that owner was killed."""
+    fleet = cellactors_fleet(
+        [Payer, Account], nodes=2, settings=NodeSettings(outbox_max_attempts=2)
+    )
+    [typo] = fleet.call(Payer, "p", "pay", to="bob", amounts=[5], method="depositt", via=0)
+    [good] = fleet.call(Payer, "p", "pay", to="bob", amounts=[7], via=0)
+    eventually(lambda: fleet.call(Account, "bob", "credits") == [7], timeout=10)
+    letters = eventually(lambda: fleet.dead_letters(Payer, "p") or False, timeout=10)
+    assert [(x.id, x.method, x.code) for x in letters] == [(typo, "depositt", "unknown_method")]
+    assert good != typo
+    fleet.kill(fleet.owner(Payer, "p") or "node-0")
+    assert [x.id for x in fleet.dead_letters(Payer, "p")] == [typo]  # restored elsewhere
+    assert fleet.retry_dead_letters(Payer, "p") == [typo]  # a typo stays one: given up again
+    eventually(lambda: [x.id for x in fleet.dead_letters(Payer, "p")] == [typo], timeout=10)
+    assert fleet.purge_dead_letters(Payer, "p") == [typo]
+    assert fleet.dead_letters(Payer, "p") == []
+    assert fleet.call(Account, "bob", "credits") == [7]

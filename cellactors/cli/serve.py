@@ -348,6 +348,24 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "once).",
 )
 @_option(
+    "--outbox-max-attempts",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="An outbox message is a dead letter after this many deliveries refused because "
+    "the target serves no such class or method (at once when refused for good, or when its "
+    "method raised).",
+)
+@_option(
+    "--outbox-max-age",
+    default="1h",
+    show_default=True,
+    type=DURATION,
+    metavar="DURATION",
+    help="... or once it has been undelivered this long, for any reason (e.g. 1h, 30m).",
+)
+@_option(
     "--max-body-bytes",
     default=1 << 20,
     show_default=True,
@@ -384,6 +402,8 @@ def serve(
     alarm_scan_interval: float,
     snapshot_every: int,
     retention: float,
+    outbox_max_attempts: int,
+    outbox_max_age: float,
     max_body_bytes: int,
     log_level: str,
     log_format: str,
@@ -405,20 +425,22 @@ def serve(
         listeners = plan_listeners(listen, internal_listen, advertise)
         node = keys.validate_node_id(node_id or default_node_id())
         classes = load_app(app)
+        settings = NodeSettings(
+            lease_ttl=lease_ttl,
+            max_clock_skew=max_clock_skew,
+            idle_timeout=idle_timeout,
+            hibernate_timeout=hibernate_after,
+            alarm_scan_interval=alarm_scan_interval,
+            snapshots=SnapshotPolicy(every_txids=snapshot_every, retain_s=retention),
+            max_resident_cells=max_resident_cells,
+            advertise=str(listeners.advertise),
+            data_dir=data_dir,
+            outbox_max_attempts=outbox_max_attempts,
+            outbox_max_age=outbox_max_age,
+        )
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
-    settings = NodeSettings(
-        lease_ttl=lease_ttl,
-        max_clock_skew=max_clock_skew,
-        idle_timeout=idle_timeout,
-        hibernate_timeout=hibernate_after,
-        alarm_scan_interval=alarm_scan_interval,
-        snapshots=SnapshotPolicy(every_txids=snapshot_every, retain_s=retention),
-        max_resident_cells=max_resident_cells,
-        advertise=str(listeners.advertise),
-        data_dir=data_dir,
-    )
     code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir)
     if code == EXIT_FENCED:
         _exit_now(code)
