@@ -102,7 +102,8 @@ def test_dead_letters_through_the_fleet_follow_the_owner(
     [typo] = fleet.call(Payer, "p", "pay", to="bob", amounts=[5], method="depositt", via=0)
     [good] = fleet.call(Payer, "p", "pay", to="bob", amounts=[7], via=0)
     eventually(lambda: fleet.call(Account, "bob", "credits") == [7], timeout=10)
-    letters = eventually(lambda: fleet.dead_letters(Payer, "p") or False, timeout=10)
+    eventually(lambda: len(fleet.dead_letters(Payer, "p")) == 1, timeout=10)
+    letters = fleet.dead_letters(Payer, "p")
     assert [(x.id, x.method, x.code) for x in letters] == [(typo, "depositt", "unknown_method")]
     assert good != typo
     fleet.kill(fleet.owner(Payer, "p") or "node-0")
