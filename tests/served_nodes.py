@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cellactors import Node, NodeSettings
+from cellactors import CellActor, Node, NodeSettings
 from cellactors.persistence.bucket import Bucket
 from cellactors.persistence.embedded import free_port
 from cellactors.server.app import ServerSettings
@@ -41,13 +42,18 @@ class ServedNode:
 
 @contextlib.contextmanager
 def served_node(
-    bucket: Bucket, node_id: str, settings: ServerSettings | None = None
+    bucket: Bucket,
+    node_id: str,
+    settings: ServerSettings | None = None,
+    classes: Sequence[type[CellActor]] = (Counter, Sandbox),
+    **node_settings: Any,
 ) -> Iterator[ServedNode]:
     """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
-    then drain it (as SIGTERM would) and stop it."""
+    then drain it (as SIGTERM would) and stop it. ``node_settings`` are more
+    :class:`NodeSettings`."""
     public_port, internal_port = free_port(), free_port()
-    node_settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}")
-    node = Node(bucket, node_id, [Counter, Sandbox], node_settings).start()
+    tunables = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}", **node_settings)
+    node = Node(bucket, node_id, list(classes), tunables).start()
     runner = Runner(
         node,
         KEY,

@@ -251,6 +251,15 @@ class FakeNode:
     def feed_reader(self, cell_id: str) -> Any:
         raise NotImplementedError("the fake node has no change feed (tests/test_feed.py)")
 
+    def dead_letters(self, cls: str, name: str) -> list[Any]:
+        raise NotImplementedError("the fake node has no outbox (tests/test_dead_letters_http.py)")
+
+    def retry_dead_letters(self, cls: str, name: str, ids: Any = None) -> list[str]:
+        raise NotImplementedError("the fake node has no outbox (tests/test_dead_letters_http.py)")
+
+    def purge_dead_letters(self, cls: str, name: str, ids: Any = None) -> list[str]:
+        raise NotImplementedError("the fake node has no outbox (tests/test_dead_letters_http.py)")
+
 
 class Served:
     """A runner serving one fake node in a background thread."""

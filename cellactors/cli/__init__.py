@@ -60,6 +60,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from cellactors.cli import dead_letters as _dead_letters
     from cellactors.cli import dev as _dev
     from cellactors.cli import feed as _feed
     from cellactors.cli import qualify as _qualify
@@ -73,6 +74,7 @@ def _register() -> None:
     main.add_command(_status.status)
     main.add_command(_dev.dev)
     main.add_command(_feed.feed)
+    main.add_command(_dead_letters.dead_letters)
 
 
 _register()

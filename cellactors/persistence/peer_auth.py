@@ -28,6 +28,11 @@ def _read_key(bucket: Bucket) -> bytes | None:
     return key
 
 
+def read_peer_key(bucket: Bucket) -> bytes | None:
+    """The fleet key, or None when no node has created it yet (reads only)."""
+    return _read_key(bucket)
+
+
 def ensure_peer_key(bucket: Bucket, attempts: int = 3) -> bytes:
     """Return the fleet key, creating it if this is the first node."""
     for _ in range(attempts):

@@ -4,8 +4,10 @@
 ``GET /healthz``) takes calls from clients and forwards them, signed, to the owning node when
 the runtime says another live node owns the cell; any node serves a cell's change feed from
 the bucket. *Internal* (``POST /internal/cells/...``, ``GET /state``, ``GET /metrics``,
-``GET /fleet``, ``GET /healthz``, and the fleet page at ``GET /``) takes signed forwarded
-calls from peers plus operator endpoints; it must listen on a private address. The public
+``GET /fleet``, ``GET /healthz``, the fleet page at ``GET /``, and a cell's dead letters at
+``/cells/{cls}/{name}/dead-letters``) takes signed forwarded calls from peers plus operator
+endpoints (those of dead letters signed too: they show and change message arguments); it
+must listen on a private address. The public
 app has no internal route at all.
 
 Calls into the node block (the answer waits for durability), so they run in worker threads
@@ -25,7 +27,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -73,6 +75,7 @@ CELL_ROUTE = "/cells/{cls_name}/{name}/{method}"
 CHANGES_ROUTE = "/cells/{cls_name}/{name}/changes"
 NDJSON_TYPE = "application/x-ndjson"
 INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"
+DEAD_LETTERS_ROUTE = "/cells/{cls_name}/{name}/dead-letters"
 SERVING = "serving"
 #: How often a request waiting on a cell's reply checks that the cell is still there.
 PENDING_CHECK_S = 0.25
@@ -136,6 +139,16 @@ class NodeLike(Protocol):
     def forget_route(self, cls_name: str, name: str) -> None: ...
 
     def feed_reader(self, cell_id: str) -> Any: ...
+
+    def dead_letters(self, cls: str, name: str) -> list[Any]: ...
+
+    def retry_dead_letters(
+        self, cls: str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]: ...
+
+    def purge_dead_letters(
+        self, cls: str, name: str, ids: Iterable[str] | None = None
+    ) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -656,6 +669,14 @@ class _PublicCore(_Core):
         return _pass_through(peer, encoding), reroute
 
 
+class DeadLetterNotFound(CallError):
+    """The cell has no dead letter with that id (retried or purged already, or never)."""
+
+    status = 404
+    code = "dead_letter_not_found"
+    outcome = NOT_RUN
+
+
 class FeedUnavailable(CallError):
     """The feed could not be read from the bucket now (a store failure); nothing changed, a
     later request may succeed."""
@@ -811,6 +832,83 @@ class _InternalCore(_Core):
             **({"chain": chain} if chain else {}),  # only calls between cells carry one
         )
 
+    # --- dead letters (operator endpoints, signed with the fleet key) ---------------------
+
+    async def list_dead_letters(self, request: Request) -> Response:
+        """``GET /cells/{cls}/{name}/dead-letters``: the cell's dead letters, oldest first."""
+        return await self._dead_letters(
+            request,
+            lambda cls, name, _ids: [x.to_dict() for x in self.node.dead_letters(cls, name)],
+        )
+
+    async def retry_dead_letters(self, request: Request) -> Response:
+        """``POST .../dead-letters/retry`` (all) or ``POST .../dead-letters/{letter}/retry``:
+        move dead letters back into the outbox; answers the ids moved."""
+        return await self._dead_letters(request, self.node.retry_dead_letters, "retried")
+
+    async def purge_dead_letters(self, request: Request) -> Response:
+        """``DELETE .../dead-letters`` (all) or ``DELETE .../dead-letters/{letter}``: delete
+        dead letters for good; answers the ids deleted."""
+        return await self._dead_letters(request, self.node.purge_dead_letters, "purged")
+
+    async def _dead_letters(
+        self,
+        request: Request,
+        act: Callable[[str, str, list[str] | None], list[Any]],
+        done: str = "dead_letters",
+    ) -> Response:
+        """Verify the operator's signature, run ``act`` on the cell in a worker thread (it
+        may activate the cell here) and answer ``{done: [...]}``. A cell a live peer owns is
+        409 ``remote_owner`` with that node's internal address; a named letter that is not
+        there is 404 ``dead_letter_not_found``."""
+        cls_name = request.path_params["cls_name"]
+        name = request.path_params["name"]
+        letter = request.path_params.get("letter")
+        try:
+            body = await codec.read_body(request.stream(), request.headers.get("content-length"), 0)
+            signing.verify_request(
+                self.key,
+                request.method,
+                request.scope["path"],
+                body,
+                request.headers,
+                expected_target=self.node.node_id,
+                expected_generation=self.node.generation,
+                nonces=self.nonces,
+                window=self.settings.signature_window,
+            )
+            if cls_name not in self.node.classes:
+                raise UnknownCell(f"no served cell class {cls_name!r}")
+            keys.make_cell_id(cls_name, name)
+            ids = None if letter is None else [letter]
+            result = await self.run(act, cls_name, name, ids)
+        except RemoteOwner as owner:
+            answer = {
+                "error": owner.code,
+                "message": str(owner),
+                "outcome": NOT_RUN,
+                "retryable": False,
+                "node": owner.node,
+                "addr": owner.addr,
+            }
+            return JSONResponse(answer, status_code=409, headers={NODE_HEADER: self.node.node_id})
+        except Exception as e:
+            err = _as_call_error(e)
+            if isinstance(err, signing.Unauthorized):
+                log.warning("refused operator request %s: %s", request.url.path, err)
+            elif isinstance(err, InternalError):
+                log.exception("operator request %s failed unexpectedly", request.url.path)
+            return self.error(err, "json")
+        if letter is not None and not result:
+            return self.error(
+                DeadLetterNotFound(f"{cls_name}:{name} has no dead letter {letter!r}"), "json"
+            )
+        return Response(
+            codec.encode({done: result}, "json"),
+            media_type=codec.CONTENT_TYPES["json"],
+            headers={NODE_HEADER: self.node.node_id},
+        )
+
     async def state(self, request: Request) -> Response:
         state = await anyio.to_thread.run_sync(self.node.state)
         return JSONResponse(state, headers={NODE_HEADER: self.node.node_id})
@@ -878,6 +976,11 @@ def build_internal_app(
     core = _InternalCore(node, fleet_key, settings or ServerSettings())
     routes = [
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
+        Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),
+        Route(DEAD_LETTERS_ROUTE, core.purge_dead_letters, methods=["DELETE"]),
+        Route(DEAD_LETTERS_ROUTE + "/retry", core.retry_dead_letters, methods=["POST"]),
+        Route(DEAD_LETTERS_ROUTE + "/{letter}", core.purge_dead_letters, methods=["DELETE"]),
+        Route(DEAD_LETTERS_ROUTE + "/{letter}/retry", core.retry_dead_letters, methods=["POST"]),
         Route("/state", core.state, methods=["GET"]),
         Route("/metrics", core.metrics, methods=["GET"]),
         Route("/fleet", core.fleet, methods=["GET"]),
