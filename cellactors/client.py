@@ -339,8 +339,11 @@ class Client:
 
         Without ``follow`` the iterator ends once it has what the bucket holds now. With
         ``follow`` it never ends: each request stays open ``wait`` seconds (below the
-        client's read timeout) and is renewed after the last txid seen, on the next URL when
-        a node fails; ``close()`` it to end the open request. History that was collected raises
+        client's read timeout) and is renewed after the last txid seen; ``close()`` it to end
+        the open request. A failed request (a node down, a cut-off stream, a transient
+        ``not_run`` answer) is tried again on the next URL, with back-off, until
+        ``retry_for`` seconds have passed since the first failure in a row (and at most
+        ``max_attempts`` times in a row, when given). History that was collected raises
         :class:`~cellactors.core.changes.HistoryCollected` (its ``oldest_txid`` and
         ``snapshot_txid`` say where to start)."""
         pos = after
