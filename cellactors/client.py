@@ -72,6 +72,7 @@ from cellactors.errors import (
     UnknownMethod,
 )
 from cellactors.server import codec
+from cellactors.server.unsent import NOT_CONNECTED, WriteWatch
 
 __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 
@@ -92,19 +93,6 @@ _BY_CODE: dict[str, type[CallError]] = {
         CallCycle,
     )
 }
-# Failures after which the request certainly was not sent: no connection (refused, not
-# made in time, no pooled connection free in time) or a URL the transport cannot use.
-_NOT_SENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-)
-# Failures of writing the request: some of it never left, so the node never had it whole.
-# (httpcore hides a WriteError of HTTP/1.1 and reads on, to catch an early answer: then a
-# read error follows, and only the trace of the write tells the two apart.)
-_WRITE_FAILED = (httpx.WriteError, httpx.WriteTimeout)
-_UNSENT_TRACES = (".send_request_headers.failed", ".send_request_body.failed")
 _MAX_BACKOFF = 2.0
 
 
@@ -286,16 +274,11 @@ class Client:
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response | CallError:
         """One attempt: the answer, or the error of a request that got none (``not_run``
         when the request never left whole, else ``unknown``)."""
-        unsent: list[str] = []
-
-        def trace(event: str, info: Mapping[str, Any]) -> None:
-            if event.endswith(_UNSENT_TRACES):
-                unsent.append(event)
-
+        watch = WriteWatch()
         try:
-            return self._http.post(url, content=body, headers=headers, extensions={"trace": trace})
+            return self._http.post(url, content=body, headers=headers, extensions={"trace": watch})
         except httpx.HTTPError as e:
-            return _transport_error(url, e, bool(unsent))
+            return _transport_error(url, e, watch)
 
     def _wait(self, attempts: int, began: float, last: CallError) -> float | None:
         """Seconds to wait before the next attempt, or None when the retries are over: no
@@ -441,20 +424,19 @@ def _records(resp: httpx.Response, encoding: codec.Encoding) -> Iterator[dict[st
             yield codec.decode(line.encode("utf-8"), "json")
 
 
-def _transport_error(url: str, exc: httpx.HTTPError, unsent: bool) -> CallError:
+def _transport_error(url: str, exc: httpx.HTTPError, watch: WriteWatch) -> CallError:
     """The error of an attempt that got no answer. ``not_run`` (``NodeUnavailable``, tried
-    again) when the request never left whole: no connection, or the write of the request
-    failed (``unsent``: httpcore traced a failed write of its head or body, on a fresh
-    connection or a pooled one found dead). Otherwise the whole request was written and the
-    connection failed after it (lost, reset, closed, timed out): the node may have run the
-    call, so the outcome is unknown (``NotDurable``)."""
+    again) when the request never reached the node whole: no connection, or the write of
+    the request failed (:mod:`cellactors.server.unsent`). Otherwise the whole request was
+    written and the connection failed after it (lost, reset, closed, timed out): the node
+    may have run the call, so the outcome is unknown (``NotDurable``)."""
     base = url.split("/cells/", 1)[0]
     err: CallError
     if isinstance(exc, httpx.LocalProtocolError):
         err = BadRequest(f"the request to {base} could not be formed: {exc!r}")
-    elif isinstance(exc, _NOT_SENT):
+    elif isinstance(exc, NOT_CONNECTED):
         err = NodeUnavailable(f"{base} unreachable: {exc!r}")
-    elif unsent or isinstance(exc, _WRITE_FAILED):
+    elif watch.never_sent(exc):
         err = NodeUnavailable(f"{base}: the connection failed before the request was sent: {exc!r}")
     else:
         err = NotDurable(f"{base}: outcome unknown, the call may have run: {exc!r}")

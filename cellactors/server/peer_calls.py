@@ -29,10 +29,10 @@ from cellactors.errors import (
     StaleRoute,
 )
 from cellactors.server import codec, signing
+from cellactors.server.unsent import WriteWatch
 
 CHAIN_HEADER = "X-Cellactors-Chain"
 INTERNAL_PREFIX = "/internal/cells/"
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 def encode_chain(chain: tuple[str, ...]) -> str:
@@ -101,13 +101,17 @@ class PeerCaller:
             headers[CHAIN_HEADER] = encode_chain(chain)
         addr = owner.addr.rstrip("/")
         base = addr if "://" in addr else f"http://{addr}"
+        watch = WriteWatch()
         try:
             resp = self._client().post(
-                base + INTERNAL_PREFIX + parts, content=body, headers=headers
+                base + INTERNAL_PREFIX + parts,
+                content=body,
+                headers=headers,
+                extensions={"trace": watch},
             )
-        except _NOT_SENT as err:
-            raise NodeUnavailable(f"owner {owner.node} is unreachable: {err!r}") from err
         except httpx.HTTPError as err:
+            if watch.never_sent(err):  # no connection, or the write failed: not run
+                raise NodeUnavailable(f"owner {owner.node} is unreachable: {err!r}") from err
             raise NotDurable(f"call to {owner.node} has an unknown outcome: {err!r}") from err
         try:
             payload = codec.decode(
