@@ -21,7 +21,8 @@ a lease TTL of 10 s plus the takeover, with room to spare) have passed since the
 attempt, or ``max_attempts`` attempts were made when that optional cap is given:
 
 - ``not_run`` errors that are transient (``node_unavailable``, ``activation_failed``,
-  ``stale_route``, ``storage_unavailable``) and requests that never left: a connection refused or not made in time,
+  ``stale_route``, ``storage_unavailable``) and requests that never left: a connection
+  refused or not made in time,
   no pooled connection free in time, or a connection (a fresh one, or one from the
   keep-alive pool) that failed while the request was being written, so the node never had
   it whole;

@@ -580,7 +580,7 @@ class Node:
         ids moved (unknown ones are skipped)."""
         wanted = None if ids is None else list(ids)
         moved: list[str] = self._edit_runtime(
-            cls, name, lambda tables, txid: tables.revive(wanted, txid)
+            cls, name, lambda tables, txid: tables.revive(wanted, txid, self.clock.now_ms())
         )
         return moved
 

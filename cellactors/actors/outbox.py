@@ -42,7 +42,6 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.persistence import calls
 from cellactors.persistence.runtime_tables import GivenUp, Message, RuntimeTables
 
 if TYPE_CHECKING:
@@ -170,7 +169,8 @@ class OutboxWorkers:
                 node.metrics.outbox.labels(DELIVERED).inc()
                 delivered.append(pending.seq)
         if delivered or dead:
-            settle = EditRuntime(lambda tables, _txid: _settle(tables, delivered, dead))
+            now = node.clock.now_ms()
+            settle = EditRuntime(lambda tables, _txid: _settle(tables, delivered, dead, now))
             try:
                 active.cell.tell(settle)
                 settle.reply.get(timeout=timeout)
@@ -216,7 +216,7 @@ class OutboxWorkers:
         self, message: Message, worker: _Worker, kind: Failure, code: str, outcome: str, text: str
     ) -> _Outcome:
         """Count a failed delivery and decide whether the message is given up."""
-        now = calls.now_ms()
+        now = self.node.clock.now_ms()
         tries = worker.tries.setdefault(message.id, _Tries(first_ms=now))
         tries.attempts += 1
         tries.unserved += kind is Failure.UNSERVED
@@ -245,12 +245,14 @@ def failure_kind(err: CallError) -> Failure:
     return Failure.TRANSIENT
 
 
-def _settle(tables: RuntimeTables, delivered: list[int], dead: dict[int, GivenUp]) -> Any:
+def _settle(
+    tables: RuntimeTables, delivered: list[int], dead: dict[int, GivenUp], now_ms: int
+) -> Any:
     """The sender's transaction after a round: delivered messages deleted, given-up ones
-    moved to the dead letters."""
+    moved to the dead letters (dead as of ``now_ms``)."""
     tables.remove_messages(delivered)
     for seq, letter in dead.items():
-        tables.bury(seq, letter)
+        tables.bury(seq, letter, now_ms)
     return None
 
 

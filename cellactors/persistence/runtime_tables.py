@@ -243,7 +243,7 @@ class RuntimeTables:
 
     # --- dead letters -------------------------------------------------------------------
 
-    def bury(self, seq: int, failure: GivenUp) -> bool:
+    def bury(self, seq: int, failure: GivenUp, now_ms: int) -> bool:
         """Move outbox message ``seq`` to the dead letters (in the current transaction);
         False when it is no longer in the outbox."""
         if not _exists(self.conn, OUTBOX_TABLE):
@@ -265,7 +265,7 @@ class RuntimeTables:
                 *row,
                 failure.attempts,
                 failure.first_ms,
-                calls.now_ms(),
+                now_ms,
                 failure.code,
                 failure.outcome,
                 failure.reason,
@@ -313,7 +313,7 @@ class RuntimeTables:
         wanted = set(ids)
         return [i for i in found if i in wanted]
 
-    def revive(self, ids: list[str] | None, txid: int) -> list[str]:
+    def revive(self, ids: list[str] | None, txid: int, now_ms: int) -> list[str]:
         """Move dead letters (``ids``, or all) back to the end of the outbox, in a
         transaction committed as ``txid``: delivered again with the same message id as
         idempotency key, their age counted from now. Returns the ids moved."""
@@ -322,7 +322,7 @@ class RuntimeTables:
             return []
         if not _exists(self.conn, OUTBOX_TABLE):
             self.conn.execute(OUTBOX_SQL)
-        now = calls.now_ms()
+        now = now_ms
         for letter in moved:
             self.conn.execute(
                 f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
