@@ -59,6 +59,7 @@ from cellactors.errors import (
     OUTCOMES,
     UNKNOWN,
     ActivationFailed,
+    ActivationRaised,
     BadRequest,
     BadResult,
     CallCycle,
@@ -113,6 +114,12 @@ def error_from_answer(status: int, payload: Any) -> CallError:
     message = str(payload.get("message", ""))
     if code == MethodFailed.code:
         return MethodFailed(str(payload.get("type", "Exception")), str(payload.get("detail", "")))
+    if code == ActivationRaised.code:
+        raised = ActivationRaised(
+            str(payload.get("type", "Exception")), str(payload.get("detail", ""))
+        )
+        raised.args = (message,)  # the node's message names the cell
+        return raised
     cls = _BY_CODE.get(code)
     if cls is not None:
         return cls(message)

@@ -183,6 +183,26 @@ class ActivationFailed(CallError):
     retryable = True
 
 
+class ActivationRaised(CallError):
+    """The cell's own ``on_activate`` raised, so the cell could not open and the call never
+    ran. A bug in the cell's code, not a fault of the node or the store: trying again gives
+    the same answer until the code (or the data it reads) changes, so it is not retryable.
+    ``exc_type`` and ``exc_message`` say what it raised."""
+
+    status = 500
+    code = "activation_raised"
+    outcome = NOT_RUN
+
+    def __init__(self, exc_type: str, message: str, cell_id: str = "") -> None:
+        where = f"on_activate of {cell_id}" if cell_id else "on_activate"
+        super().__init__(f"{where} raised {exc_type}: {message}")
+        self.exc_type = exc_type
+        self.exc_message = message
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "type": self.exc_type, "detail": self.exc_message}
+
+
 class BadResult(CallError):
     """The method's result cannot be carried back (not msgpack, or not encodable in the
     request's encoding): its transaction was rolled back."""

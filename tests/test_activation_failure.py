@@ -10,7 +10,7 @@ import pykka
 import pytest
 
 from cellactors import CellActor, Node, NodeSettings
-from cellactors.errors import ActivationFailed
+from cellactors.errors import ActivationFailed, ActivationRaised
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import TTL, eventually, make_node
@@ -34,9 +34,9 @@ def test_on_activate_raising_fails_the_activation_and_leaves_nothing(
     settings = NodeSettings(lease_ttl=TTL, advertise="127.0.0.1:1")
     node = Node(sw_bucket, "n1", [Broken, Counter], settings).start()
     try:
-        with pytest.raises(ActivationFailed, match="cannot activate") as info:
+        with pytest.raises(ActivationRaised, match="cannot activate") as info:
             node.cell(Broken, "b").get()
-        assert info.value.outcome == "not_run"
+        assert info.value.outcome == "not_run" and not info.value.retryable
         eventually(lambda: pykka.ActorRegistry.get_by_class(Broken) == [])
         assert "Broken:b" not in node._hosts
         assert not list(node.cells_dir.glob("Broken:b.*"))

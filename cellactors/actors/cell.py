@@ -116,6 +116,42 @@ def bound_arguments(
         return None  # the call will fail as the method is called; nothing is recorded
 
 
+@functools.cache
+def _call_signature(cls: type, method: str) -> tuple[inspect.Signature, bool] | None:
+    """How a call of ``cls.method`` binds its arguments: the signature and whether it takes
+    the instance first (a plain method does; a static or class method does not). None when
+    Python cannot tell (a builtin): such calls are not checked."""
+    raw = inspect.getattr_static(cls, method, None)
+    takes_self = inspect.isfunction(raw)
+    try:
+        return inspect.signature(getattr(cls, method)), takes_self
+    except (TypeError, ValueError):
+        return None
+
+
+def check_arguments(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`BadRequest` (``not_run``) when ``args`` and ``kwargs`` do not fit the
+    method's parameters (one missing, one unknown, one given twice): such a call would fail
+    before the method's first line, so it is refused before the cell is activated and
+    leaves nothing behind."""
+    found = _call_signature(cls, method)
+    if found is None:
+        return
+    sig, takes_self = found
+    try:
+        sig.bind(*((None,) if takes_self else ()), *args, **kwargs)
+    except TypeError as err:
+        raise BadRequest(
+            f"bad arguments for {cls.__name__}.{method}{sig_text(sig, takes_self)}: {err}"
+        ) from None
+
+
+def sig_text(sig: inspect.Signature, takes_self: bool) -> str:
+    """The parameters a caller gives, as ``(name, by=1)``."""
+    params = list(sig.parameters.values())[1 if takes_self else 0 :]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
 class CellServices(Protocol):
     """What a cell asks of its node: calls to other cells (run here or forwarded)."""
 
@@ -734,8 +770,10 @@ class CellActor(pykka.ThreadingActor):
             fault = self._storage_fault_of(err)
             if fault is not None:  # rolled back: nothing applied, nothing shipped
                 outcome.error, outcome.value = fault, None
-            else:  # rolled back, reported
-                outcome.error, outcome.value = MethodFailed(type(err).__name__, str(err)), None
+            else:  # rolled back, reported; the original (with its traceback) as the cause
+                failure = MethodFailed(type(err).__name__, str(err))
+                failure.__cause__ = err
+                outcome.error, outcome.value = failure, None
         else:
             self._commit(changes, outcome)
         rt.channel.hold(outcome)

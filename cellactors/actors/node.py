@@ -22,7 +22,7 @@ import pykka
 
 from cellactors.actors import limits
 from cellactors.actors.alarms import AlarmDriver
-from cellactors.actors.cell import CellActor, check_serializable
+from cellactors.actors.cell import CellActor, check_arguments, check_serializable
 from cellactors.actors.host import CellHost, CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor, LeaseClock
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ask_method
@@ -445,6 +445,7 @@ class Node:
             raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         cell_id = keys.make_cell_id(cls_name, name)
         kwargs = dict(kwargs or {})
+        check_arguments(cls, method, args, kwargs)
         check_serializable([list(args), kwargs], "arguments")
         if key is not None and not calls.valid_key(key):
             limit = calls.MAX_KEY_LENGTH

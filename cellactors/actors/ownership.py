@@ -30,9 +30,12 @@ from cellactors.core.alarms import WakeState
 from cellactors.core.storage import storage_fault_reason
 from cellactors.errors import (
     ActivationFailed,
+    ActivationRaised,
     AmbiguousWrite,
     BucketError,
+    CallError,
     CellactorsError,
+    MethodFailed,
     NodeStorageFault,
     NotDurable,
 )
@@ -58,6 +61,22 @@ class LocalCopy:
     path: Path
     identity: tuple[int, int, int]
     chain: ChainState
+
+
+def _activation_error(cell_id: str, err: BaseException) -> BaseException:
+    """What a failed ``open_here`` is answered with. The cell's own ``on_activate`` raising
+    is :class:`ActivationRaised` (not retryable: the same code fails again), unless what it
+    raised is a transient refusal of a call it made to another cell (that cell's node was
+    unavailable, say): then, like every runtime failure, :class:`ActivationFailed`
+    (retryable). A storage fault of this node stays itself."""
+    if isinstance(err, NodeStorageFault) or not isinstance(err, CellactorsError):
+        return err
+    if isinstance(err, MethodFailed):
+        cause = err.__cause__
+        transient = isinstance(cause, CallError) and cause.retryable
+        if not transient:
+            return ActivationRaised(err.exc_type, err.exc_message, cell_id)
+    return ActivationFailed(f"activation of {cell_id} failed: {err}")
 
 
 def file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -344,9 +363,12 @@ class OwnershipActor(PooledActor):
             if replicator is not None:
                 replicator.stop(block=False)
             database.discard()
-            if isinstance(err, CellactorsError) and not isinstance(err, NodeStorageFault):
-                raise ActivationFailed(f"activation of {self.cell_id} failed: {err}") from err
-            raise
+            failure = _activation_error(self.cell_id, err)
+            if isinstance(failure, ActivationRaised):
+                log.error("%s", failure, exc_info=err.__cause__ or err)  # the user's frames
+            if failure is err:
+                raise
+            raise failure from err
         self.active = Active(epoch, cell, replicator, runtime, worker, source, wakes)
         return self.active
 
