@@ -8,7 +8,8 @@ concurrently vs bare PUT+GET pairs/s (>= 0.9x); 4 warm reads over HTTP vs a bare
 (p50 <= 1.5x on 1 connection, >= 0.6x requests/s on 16); 5 idle cells per 2 GiB RSS
 (>= 10,000); 6 activations/s (>= 200); 7 cold restore of a 1,000-batch chain (<= 0.5 s);
 8 a snapshot bounds the third restore; 9 idle node requests/s (<= 0.35); 10 failover after
-SIGKILL, TTL 3 s (<= 4 s). See docs/performance.md.
+SIGKILL, TTL 3 s (<= 4 s); 13 lone write p50 on an embedded store that syncs each object vs
+one that does not (<= 2x). See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from bench.common import REPO, Env, Row, Sizes, store_environment
 
-GROUPS = tuple(range(1, 13))
+GROUPS = tuple(range(1, 14))
 
 
 def row_ids(sizes: Sizes) -> list[str]:
@@ -41,7 +42,7 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += ["4-read-1conn", "4-read-16conn", "5-resident", "5-hibernated", "5-wake"]
     ids += ["6-activations"]
     ids += ["7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
-    return [*ids, "11-failover-history", "12-lease-under-load"]
+    return [*ids, "11-failover-history", "12-lease-under-load", "13-store-sync"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,7 +90,7 @@ def log(message: str) -> None:
 
 def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
     """Run the selected row groups; (rows, errors). A failing group is reported, not fatal."""
-    from bench import rows_calls, rows_cells, rows_fleet
+    from bench import rows_calls, rows_cells, rows_fleet, rows_store
     from bench.procs import NodeProc
 
     rows: list[Row] = []
@@ -141,6 +142,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (8, rows_cells.row8),
             (10, rows_fleet.row10),
             (11, rows_fleet.row11),
+            (13, rows_store.row13),
         ):
             if number in groups:
                 group(f"row {number}", functools.partial(env_fn, env))
