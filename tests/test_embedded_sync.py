@@ -25,8 +25,6 @@ from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import make_node
 
-pytestmark = pytest.mark.slow  # a store of its own, traced
-
 STRACE = shutil.which("strace")
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,msync,syncfs"
 WRITES = 25
@@ -78,15 +76,23 @@ def test_parse_syncs_reads_whole_split_and_failed_calls() -> None:
     ]
 
 
-def _untraceable() -> str | None:
-    """Why strace cannot trace here, or None."""
+class TraceRefused(Exception):
+    """strace could not attach (it said why)."""
+
+
+def _untraceable(tmp_path: Path) -> str | None:
+    """Why strace cannot attach to a process here (as the tests do), or None."""
     if STRACE is None:
         return "strace is not installed (.ci/run installs it)"
-    probe = subprocess.run(
-        [STRACE, "-f", "-qq", "-e", "trace=none", "true"], capture_output=True, check=False
-    )
-    if probe.returncode != 0:
-        return f"strace cannot trace on this machine (ptrace refused): {probe.stderr[-300:]!r}"
+    target = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
+    try:
+        with SyncTrace(target.pid, tmp_path / "probe.txt"):
+            pass
+    except TraceRefused as err:
+        return f"strace cannot attach to a process here (ptrace refused): {err}"
+    finally:
+        target.kill()
+        target.wait()
     return None
 
 
@@ -103,18 +109,23 @@ class SyncTrace:
         self.proc = subprocess.Popen(
             [*args, "-p", str(self.pid)], stderr=subprocess.PIPE, text=True
         )
-        said: queue.Queue[str] = queue.Queue()
+        said: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._relay, args=(said,), daemon=True).start()
-        deadline = time.monotonic() + 20
+        deadline, lines = time.monotonic() + 20, list[str]()
         while True:  # strace says so once it has attached to the process and its threads
             line = said.get(timeout=max(0.01, deadline - time.monotonic()))
+            if line is None:  # it ended without attaching
+                self.proc.wait(timeout=20)
+                raise TraceRefused("".join(lines).strip()[-300:])
             if f"Process {self.pid} attached" in line:
                 return self
+            lines.append(line)
 
-    def _relay(self, said: queue.Queue[str]) -> None:
+    def _relay(self, said: queue.Queue[str | None]) -> None:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             said.put(line)
+        said.put(None)
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
@@ -127,7 +138,7 @@ class SyncTrace:
 
 @pytest.fixture
 def traced_store(tmp_path: Path) -> Iterator[tuple[SeaweedServer, Path]]:
-    reason = _untraceable()
+    reason = _untraceable(tmp_path)
     if reason:
         pytest.skip(reason)
     server = SeaweedServer(tmp_path / "store").start()
@@ -164,6 +175,7 @@ def _unsynced(
     return missing
 
 
+@pytest.mark.slow  # a store of its own, traced
 def test_every_put_is_answered_after_its_data_and_its_entry_are_synced(
     traced_store: tuple[SeaweedServer, Path],
 ) -> None:
@@ -181,6 +193,7 @@ def test_every_put_is_answered_after_its_data_and_its_entry_are_synced(
     assert _unsynced(spans, syncs, server.data_dir) == []
 
 
+@pytest.mark.slow
 def test_every_acknowledged_write_of_a_node_is_synced_before_its_answer(
     traced_store: tuple[SeaweedServer, Path], tmp_path: Path
 ) -> None:
