@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import boto3
+import botocore.config
 import pytest
 
 from cellactors.errors import ConfigError
@@ -144,3 +145,26 @@ def test_the_fsync_rule_is_read_from_the_filer_configuration() -> None:
     )
     assert not fsync_rule(b'{"version": 1, "locations": [{"locationPrefix": "/"}]}')
     assert not fsync_rule(b'{"version": 1}')
+
+
+def test_a_store_started_again_gets_a_fresh_master_and_takes_writes_at_once(
+    tmp_path: Path,
+) -> None:
+    # A master restarted on its own state (its folder is named after its port) may elect
+    # itself only seconds later; PUTs wait for it meanwhile (4.6 s in some starts here).
+    server = SeaweedServer(tmp_path / "store").start()
+    first = server.ports["master.port"]
+    server.stop(grace=0)
+    server.start()
+    try:
+        assert server.ports["master.port"] != first
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            config=botocore.config.Config(retries={"max_attempts": 1}, read_timeout=3),
+        )
+        s3.create_bucket(Bucket="again")
+        s3.put_object(Bucket="again", Key="k", Body=b"v")
+    finally:
+        server.stop(grace=0)

@@ -202,9 +202,14 @@ class SeaweedServer:
     def _start_process(self, timeout: float) -> None:
         """Start ``weed mini`` and wait for its S3 port.
 
-        The ports were free when they were picked; another process may take one before the
-        server binds it. A server that exits at start because a port it picked is in use
-        starts again on fresh ports (up to 3 times; a port given explicitly is kept)."""
+        A server started again gets fresh ports, so a fresh master (its folder is named
+        after its port; a master restarted on its own state may elect itself only seconds
+        later, and PUTs and GETs wait for it meanwhile). The ports were free when they were
+        picked; another process may take one before the server binds it. A server that
+        exits at start because a port it picked is in use starts again on fresh ports (up
+        to 3 times; a port given explicitly is kept)."""
+        if self.proc is not None:
+            self.ports = self._pick_ports()
         for attempt in range(4):
             start_of_log = self.log_path.stat().st_size if self.log_path.exists() else 0
             try:
