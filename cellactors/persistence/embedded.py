@@ -305,21 +305,26 @@ class SeaweedServer:
         command = f"fs.configure -locationPrefix={_RULE_PREFIX} {change} -apply\n"
         p = self.ports
         with open(self.log_path, "ab") as log_file:
-            done = subprocess.run(
-                [
-                    weed_binary(),
-                    "shell",
-                    f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
-                    f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
-                ],
-                input=command.encode(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                env={**os.environ, "TMPDIR": str(self.data_dir)},  # its history file
-                timeout=60,
-                check=False,
-            )
+            try:
+                done = subprocess.run(
+                    [
+                        weed_binary(),
+                        "shell",
+                        f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
+                        f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
+                    ],
+                    input=command.encode(),
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    env={**os.environ, "TMPDIR": str(self.data_dir)},  # its history file
+                    timeout=60,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as err:
+                raise ConfigError(
+                    f"weed shell did not set the fsync rule within 60 s; see {self.log_path}"
+                ) from err
         if done.returncode != 0:
             raise ConfigError(
                 f"weed shell exited {done.returncode} setting the fsync rule; see {self.log_path}"
