@@ -332,6 +332,15 @@ def test_a_read_only_call_after_the_lease_deadline_fences_instead_of_answering(
 def test_the_http_path_runs_a_read_only_call_on_the_event_loop(node: Node) -> None:
     node.call("Reads", "a", "put", {"k": "a", "v": 7})
 
+    async def first() -> None:
+        reply = LoopReply(asyncio.get_running_loop())
+        assert node.submit_here("Reads", "a", "where", {}, reply=reply) is None
+
+    asyncio.run(first())  # not proven quick yet: refused, for a worker thread to run
+    for _ in range(3):
+        node.call("Reads", "a", "where", {})
+        node.call("Reads", "a", "value", {"k": "a"})
+
     async def main() -> tuple[int, int, int]:
         loop = asyncio.get_running_loop()
         reply = LoopReply(loop)

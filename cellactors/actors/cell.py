@@ -63,7 +63,7 @@ from cellactors.errors import (
 )
 from cellactors.persistence import calls, keys
 from cellactors.persistence.capture import TxnChanges
-from cellactors.persistence.celldb import CellDatabase, to_txn
+from cellactors.persistence.celldb import CellDatabase, ReadInterrupted, to_txn
 
 log = logging.getLogger(__name__)
 
@@ -555,6 +555,7 @@ class CellActor(pykka.ThreadingActor):
         check: Callable[[Any], None] | None = None,
         on_write: Callable[[Any], None] | None = None,
         read_only: bool = False,
+        interrupt_at: float | None = None,
     ) -> tuple[Any, TxnChanges]:
         """One transaction of this cell (alarm and outbox usable inside it, unless
         ``read_only``: then it may not write at all)."""
@@ -562,7 +563,9 @@ class CellActor(pykka.ThreadingActor):
         rt.database.tables.touched = False
         self._in_txn = True
         try:
-            return rt.database.run(fn, check, on_write, read_only=read_only)
+            return rt.database.run(
+                fn, check, on_write, read_only=read_only, interrupt_at=interrupt_at
+            )
         finally:
             self._in_txn = False
 
@@ -763,7 +766,12 @@ class CellActor(pykka.ThreadingActor):
                 check,
                 on_write if call is not None else None,
                 read_only=call is not None and call.method in type(self).read_only_methods(),
+                interrupt_at=call.interrupt_at if call is not None else None,
             )
+        except ReadInterrupted:
+            assert call is not None
+            call.interrupted = True  # not answered: the node sends it again off the loop
+            return
         except BadResult as err:
             outcome.error, outcome.value = err, None
         except Exception as err:  # the user's method raised, or the node's storage failed

@@ -36,6 +36,11 @@ class Invoke:
     #: The cells waiting on this call, outermost first (calls between cells): a call from
     #: it to any of them would deadlock and is refused (``CallCycle``).
     chain: tuple[str, ...] = ()
+    #: A read-only call running on the serving event loop: its SQL is interrupted at this
+    #: ``time.perf_counter()`` (None: never), and the call is then not answered but
+    #: ``interrupted``, to be sent again off the loop (it had no effect).
+    interrupt_at: float | None = None
+    interrupted: bool = False
 
 
 @dataclass

@@ -35,6 +35,7 @@ from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
 from cellactors.core import alarms as alarm_rules
 from cellactors.core.dead_letters import DeadLetterPolicy
+from cellactors.core.read_budget import DEFAULT_BUDGET_S, QuickReads
 from cellactors.errors import (
     NOT_RUN,
     UNKNOWN,
@@ -99,6 +100,10 @@ class NodeSettings:
     #: this of its time (once that node's lease expired); a node scans when an alarm of a
     #: cell it released falls due, so those fire within a second.
     alarm_scan_interval: float = 30.0
+    #: Seconds a read-only call may take on the serving event loop (``submit_here``): a
+    #: method runs there only once its last runs each took less, and its SQL is interrupted
+    #: (and the call run again in a worker thread) past it.
+    loop_read_budget: float = DEFAULT_BUDGET_S
     #: An outbox message is a dead letter after this many deliveries refused because the
     #: target serves no such class or method (at once when refused for good or it raised).
     outbox_max_attempts: int = 10
@@ -134,14 +139,23 @@ class Dormant:
     last_used: float
 
 
-def _deliver(cls: type[CellActor], active: Active, invoke: Invoke) -> None:
+def _deliver(
+    cls: type[CellActor], active: Active, invoke: Invoke, reads: QuickReads | None = None
+) -> bool:
     """Hand a call to its cell: run right here when the method is read-only and the cell is
-    idle (:func:`~cellactors.actors.cell.read_only`), else into its mailbox (which raises
-    ``ActorDeadError`` when the cell has stopped)."""
+    idle (:func:`~cellactors.actors.cell.read_only`), timed into ``reads``, else into its
+    mailbox (which raises ``ActorDeadError`` when the cell has stopped). False when an inline
+    run was interrupted past its budget (``invoke.interrupt_at``): it had no effect and no
+    answer, and must be sent again off the loop."""
     run_inline = active.runtime.run_inline
-    if run_inline is not None and invoke.method in cls.read_only_methods() and run_inline(invoke):
-        return
+    if run_inline is not None and invoke.method in cls.read_only_methods():
+        started = time.perf_counter()
+        if run_inline(invoke):
+            if reads is not None:
+                reads.ran((cls.__name__, invoke.method), time.perf_counter() - started)
+            return not invoke.interrupted
     active.cell.tell(invoke)
+    return True
 
 
 def _no_answer(active: Active) -> NotDurable:
@@ -175,6 +189,8 @@ class Node:
     ) -> None:
         self.settings = settings or NodeSettings()
         self._retention = self.settings.retention()  # every call carries it
+        #: Which read-only methods have proven quick enough to run on the serving loop.
+        self.quick_reads = QuickReads(self.settings.loop_read_budget)
         self.node_id = keys.validate_node_id(node_id)
         self.generation = secrets.token_hex(8)
         self.bucket = MeteredBucket(bucket)  # counts the requests really sent
@@ -384,6 +400,9 @@ class Node:
         active = host.active if host is not None and host.ready.is_set() else None
         if active is None:
             return None
+        reading = method in cls.read_only_methods()
+        if reading and not self.quick_reads.quick((cls_name, method)):
+            return None  # not proven quick: it runs in a worker thread, off the loop
         invoke = Invoke(
             method,
             (),
@@ -392,9 +411,11 @@ class Node:
             key=key,
             result_check=result_check,
             retention=self._retention,
+            interrupt_at=time.perf_counter() + self.quick_reads.budget_s if reading else None,
         )
         try:
-            _deliver(cls, active, invoke)
+            if not _deliver(cls, active, invoke, self.quick_reads):
+                return None  # interrupted past its budget: sent again off the loop
         except pykka.ActorDeadError:
             return None
         started = time.monotonic()
@@ -499,7 +520,7 @@ class Node:
                 chain=chain,
             )
             try:
-                _deliver(cls, active, invoke)
+                _deliver(cls, active, invoke, self.quick_reads)
             except pykka.ActorDeadError:
                 continue  # passivated or reset between lookup and send: route again
             delivered, result = self._await(invoke, active, deadline)

@@ -14,6 +14,7 @@ import os
 import sqlite3
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -118,6 +119,27 @@ def _clear_authorizer(conn: sqlite3.Connection) -> None:
         conn.set_authorizer(_allow_all)
 
 
+#: SQLite virtual-machine steps between two looks at a read's deadline.
+_INTERRUPT_STEPS = 1000
+
+
+def _interrupter(conn: sqlite3.Connection, at: float | None) -> list[bool] | None:
+    """Have SQLite interrupt every statement of ``conn`` once ``time.perf_counter()`` passes
+    ``at``; the returned flag (a one-item list) says whether it did. None without ``at``."""
+    if at is None:
+        return None
+    fired = [False]
+
+    def handler() -> int:
+        if time.perf_counter() > at:
+            fired[0] = True
+            return 1
+        return 0
+
+    conn.set_progress_handler(handler, _INTERRUPT_STEPS)
+    return fired
+
+
 class CellConnection(sqlite3.Connection):
     """A connection whose transaction methods are inert for user code."""
 
@@ -136,6 +158,11 @@ class CellConnection(sqlite3.Connection):
 
 class Refused(capture.UnsupportedSchema):
     """User code attempted something the runtime refuses (see the message)."""
+
+
+class ReadInterrupted(Exception):
+    """A read-only call on the serving event loop ran past its budget and was interrupted
+    (rolled back, no effect): it is sent again off the loop, never answered as it is."""
 
 
 class TransactionLost(Refused):
@@ -282,9 +309,15 @@ class CellDatabase:
         on_write: Callable[[T], None] | None = None,
         *,
         read_only: bool = False,
+        interrupt_at: float | None = None,
     ) -> tuple[T, capture.TxnChanges]:
         """Run ``fn`` as one transaction; commit if it returns (and ``check`` accepts the
         result), roll back and re-raise if anything raises.
+
+        ``interrupt_at`` (a ``time.perf_counter()``, read-only transactions only): SQLite
+        interrupts the method's statements from then on, and the call is rolled back with
+        :class:`ReadInterrupted` even if the method caught the interruption (its result
+        may be incomplete).
 
         ``on_write`` is the runtime's own work in the same transaction (recording the call's
         key, collecting old keys): it runs after ``check``, without the authorizer, and only
@@ -312,11 +345,16 @@ class CellDatabase:
             before = conn.total_changes
             self.read_only = read_only
             conn.set_authorizer(self._authorize)
+            stopped = _interrupter(conn, interrupt_at) if read_only else None
             try:
                 result = fn()
             finally:
                 _clear_authorizer(conn)
                 self.read_only = False
+                if stopped is not None:
+                    conn.set_progress_handler(None, 0)
+            if stopped is not None and stopped[0]:
+                raise ReadInterrupted("the read ran past its budget on the event loop")
             stage = "runtime"
             if not conn.in_transaction:
                 raise TransactionLost(
@@ -380,6 +418,9 @@ class CellDatabase:
                 self.mark_broken()
             if self._refusal is not None and isinstance(err, sqlite3.DatabaseError):
                 raise Refused(f"refused: {self._refusal}") from err
+            late = interrupt_at is not None and time.perf_counter() > interrupt_at
+            if stage == "method" and late and not isinstance(err, ReadInterrupted):
+                raise ReadInterrupted("the read ran past its budget on the event loop") from err
             raise
         self.schema = version  # a COMMIT does not move it, nor do temp capture triggers
         self.sequence = sequence
