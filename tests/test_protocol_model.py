@@ -12,8 +12,10 @@ crashed or replaced.
 With ``lagging`` set, the store's listings omit every object written in the last
 ``LAG_MS`` (a store without list-after-write), and only graceful hand-offs move the cell:
 the release records its acknowledged txid in ``own.json``, and the next restore must not
-seal or open below it (``restore_plan.Lagging``: it lists again later). A takeover after
-a crash needs listings that show every write at once, which ``cellactors qualify`` checks.
+seal or open below it (``restore_plan.Lagging``: it lists again later). A recovery
+without a release (a takeover after a crash, or the same node id acquiring again after its
+process or its cell was lost) needs listings that show every write at once, which
+``cellactors qualify`` checks.
 
 Active owners also snapshot acknowledged state (an upload that may land late, like a
 batch) and then collect what the snapshot covers, in steps others interleave with: the
@@ -536,8 +538,11 @@ class ProtocolModel(RuleBasedStateMachine):
                 n.phase, n.pending = "idle", None
                 return
         assert isinstance(decision, acquire.Claim)
-        if decision.takeover and self.lag_ms:
-            n.phase, n.pending = "idle", None  # only graceful hand-offs with lagging listings
+        if self.lag_ms and record is not None and record.node:
+            # Only graceful hand-offs with lagging listings: a claim from a record nobody
+            # released (a takeover, or this node id again after its process or its cell
+            # was lost) has no floor to wait for and restores from the listing alone.
+            n.phase, n.pending = "idle", None
             return
         if decision.takeover:
             event("takeover decided")
