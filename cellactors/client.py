@@ -53,83 +53,27 @@ import httpx
 import msgpack
 
 from cellactors.core import retries
-from cellactors.core.changes import Change, HistoryCollected
+from cellactors.core.changes import Change
 from cellactors.errors import (
     NOT_RUN,
-    OUTCOMES,
     UNKNOWN,
-    ActivationFailed,
-    ActivationRaised,
     BadRequest,
-    BadResult,
-    CallCycle,
     CallError,
-    KeyConflict,
-    MethodFailed,
-    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
-    StaleRoute,
-    UnknownCell,
-    UnknownMethod,
+    error_from_answer,
 )
 from cellactors.server import codec
 from cellactors.server.unsent import NOT_CONNECTED, WriteWatch
 
 __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 
-_BY_CODE: dict[str, type[CallError]] = {
-    cls.code: cls
-    for cls in (
-        UnknownCell,
-        UnknownMethod,
-        BadRequest,
-        codec.PayloadTooLarge,
-        NotDurable,
-        NodeUnavailable,
-        NodeStorageFault,
-        StaleRoute,
-        ActivationFailed,
-        BadResult,
-        KeyConflict,
-        CallCycle,
-    )
-}
 _MAX_BACKOFF = 2.0
 
 
 def new_key() -> str:
     """A fresh idempotency key (32 hex characters)."""
     return uuid.uuid4().hex
-
-
-def error_from_answer(status: int, payload: Any) -> CallError:
-    """Rebuild the error a server answered with (its JSON/msgpack error object). An answer
-    that is not one of ours (e.g. a proxy's HTML page) has an ``unknown`` outcome."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("error"), str):
-        err = CallError(f"HTTP {status}: unexpected answer {str(payload)[:200]!r}")
-        err.status = status
-        return err
-    code = payload["error"]
-    message = str(payload.get("message", ""))
-    if code == MethodFailed.code:
-        return MethodFailed(str(payload.get("type", "Exception")), str(payload.get("detail", "")))
-    if code == ActivationRaised.code:
-        raised = ActivationRaised(
-            str(payload.get("type", "Exception")), str(payload.get("detail", ""))
-        )
-        raised.args = (message,)  # the node's message names the cell
-        return raised
-    cls = _BY_CODE.get(code)
-    if cls is not None:
-        return cls(message)
-    err = CallError(message)
-    err.status = status
-    err.code = code
-    outcome = payload.get("outcome")
-    err.outcome = outcome if outcome in OUTCOMES else UNKNOWN
-    err.retryable = err.outcome == NOT_RUN and bool(payload.get("retryable", False))
-    return err
 
 
 def _check_key(key: str) -> str:
@@ -335,7 +279,7 @@ class Client:
         ``not_run`` answer) is tried again on the next URL, with back-off, until
         ``retry_for`` seconds have passed since the first failure in a row (and at most
         ``max_attempts`` times in a row, when given). History that was collected raises
-        :class:`~cellactors.core.changes.HistoryCollected` (its ``oldest_txid`` and
+        :class:`~cellactors.errors.HistoryCollected` (its ``oldest_txid`` and
         ``snapshot_txid`` say where to start)."""
         pos = after
         failures = 0
@@ -407,12 +351,6 @@ class _FeedRetry(Exception):
 def _feed_error(status: int, payload: Any) -> BaseException:
     """The error a feed answer carries: transient ones are retried (on the next URL),
     others raised as they are; ``history_collected`` keeps where to start from."""
-    if isinstance(payload, dict) and payload.get("error") == HistoryCollected.code:
-        collected = HistoryCollected(str(payload.get("message", "")))
-        for field in ("requested", "oldest_txid", "snapshot_txid", "snapshot_epoch"):
-            if field in payload:
-                setattr(collected, field, payload[field])
-        return collected
     err = error_from_answer(status, payload)
     if err.outcome == NOT_RUN and err.retryable:
         return _FeedRetry(err)

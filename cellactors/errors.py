@@ -1,10 +1,17 @@
-"""Exceptions shared across cellactors.
+"""Every exception of cellactors, and the registry that rebuilds a call error from its wire
+form.
 
 Every error a user can meet derives from :class:`CellactorsError`, so callers can catch the
-library's failures without catching their own.
+library's failures without catching their own. Errors a call can end with derive from
+:class:`CallError` and carry their HTTP status, a stable ``code`` and the call's
+``outcome``; :func:`error_from_answer` turns a node's error answer back into that class, for
+the client and for calls between nodes alike. The catalogue lives in this one module so that
+every layer can raise and catch without importing any other.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class CellactorsError(Exception):
@@ -229,3 +236,223 @@ class CallCycle(CallError):
     status = 409
     code = "call_cycle"
     outcome = NOT_RUN
+
+
+# --- the node and its store ---------------------------------------------------------
+
+
+class ClockSkew(ConfigError):
+    """This machine's clock is off from the store's by more than the allowed bound."""
+
+
+class Fenced(BucketError):
+    """The node fenced itself: the request was refused before it was sent."""
+
+
+# --- a cell's history in the bucket -------------------------------------------------
+
+
+class SealLost(CellactorsError):
+    """Another activation sealed the epoch first; this activation must fail."""
+
+
+class RestoreHole(CellactorsError):
+    """The bucket proves history that its objects cannot rebuild (objects were listed and
+    then vanished, or are missing), and listing again did not help. The activation fails
+    rather than restore around the hole."""
+
+
+class ListingLags(RestoreHole):
+    """The ownership record proves a txid (the last release recorded it) that the store's
+    listings still did not show after waiting: the store lists recent writes late, and the
+    activation fails rather than seal them away (`cellactors qualify` checks this)."""
+
+
+class PointNotRestorable(CellactorsError):
+    """A point-in-time restore asked for a point the cell's history does not reach: after
+    its last transaction, or before its first."""
+
+
+class HistoryCollected(CallError):
+    """The history asked for was garbage-collected (it is older than the retention period):
+    ``oldest_txid`` is the first txid the bucket still holds in batches, ``snapshot_txid``
+    the snapshot to start from (restore it, then read the feed after it), if any. Not run:
+    nothing changed."""
+
+    status = 410
+    code = "history_collected"
+    outcome = NOT_RUN
+    requested: int = 0
+    oldest_txid: int = 0
+    snapshot_txid: int | None = None
+    snapshot_epoch: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **super().to_dict(),
+            "requested": self.requested,
+            "oldest_txid": self.oldest_txid,
+            "snapshot_txid": self.snapshot_txid,
+            "snapshot_epoch": self.snapshot_epoch,
+        }
+
+
+class FeedHole(CellactorsError):
+    """Objects the cell's history needs are missing (not collected: deleted or lost), and
+    listing again did not help."""
+
+
+# --- the local database -------------------------------------------------------------
+
+
+class UnsupportedSchema(CellactorsError):
+    """The database uses something capture cannot replicate exactly (e.g. virtual tables)."""
+
+
+class Refused(UnsupportedSchema):
+    """User code attempted something the runtime refuses (see the message)."""
+
+
+class TransactionLost(Refused):
+    """SQLite rolled the call's transaction back under the method (an ``ON CONFLICT
+    ROLLBACK``, a ``RAISE(ROLLBACK)``, or an error the method caught) and the method
+    returned: nothing of it is kept. A statement it ran after that wrote the file outside
+    any transaction: the file is then no longer trusted."""
+
+
+# --- the wire -----------------------------------------------------------------------
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body exceeds the configured limit; nothing was executed."""
+
+    status = 413
+    code = "payload_too_large"
+
+    def __init__(self, message: str, *, drained: bool = True) -> None:
+        super().__init__(message)
+        self.drained = drained  # False: unread bytes remain, the connection must close
+
+
+class Unauthorized(CallError):
+    """A peer request failed signature verification; it was not executed."""
+
+    status = 401
+    code = "unauthorized"
+    outcome = NOT_RUN
+
+
+class StaleTarget(Unauthorized):
+    """A correctly signed request for another process generation of this node: a replay
+    across a restart, or a sender whose route to this node predates its restart. Not
+    executed; the sender may look the owner up again."""
+
+    code = "stale_target"
+
+
+class PeerRefused(CallError):
+    """The owning peer refused our signed forward (key or clock mismatch); not executed."""
+
+    status = 502
+    code = "peer_refused"
+    outcome = NOT_RUN
+
+
+class InternalError(CallError):
+    """An unexpected failure inside this node; the call's outcome is unknown."""
+
+    status = 500
+    code = "internal"
+
+
+class DeadLetterNotFound(CallError):
+    """The cell has no dead letter with that id (retried or purged already, or never)."""
+
+    status = 404
+    code = "dead_letter_not_found"
+    outcome = NOT_RUN
+
+
+class FeedUnavailable(CallError):
+    """The feed could not be read from the bucket now (a store failure); nothing changed, a
+    later request may succeed."""
+
+    status = 503
+    code = "feed_unavailable"
+    outcome = NOT_RUN
+    retryable = True
+
+
+class FeedHistoryMissing(CallError):
+    """Objects the cell's history needs are missing from the bucket (deleted or lost, not
+    collected by retention), and listing again did not bring them back. Nothing changed,
+    and asking again will not help: the bucket needs an operator."""
+
+    status = 500
+    code = "history_missing"
+    outcome = NOT_RUN
+    retryable = False
+
+
+# --- errors from their wire form ------------------------------------------------------
+
+
+#: Every call error a node answers with whose constructor takes just the message.
+_BY_CODE: dict[str, type[CallError]] = {
+    cls.code: cls
+    for cls in (
+        UnknownCell,
+        UnknownMethod,
+        BadRequest,
+        PayloadTooLarge,
+        NotDurable,
+        NodeUnavailable,
+        NodeStorageFault,
+        StaleRoute,
+        ActivationFailed,
+        BadResult,
+        KeyConflict,
+        CallCycle,
+        Unauthorized,
+        StaleTarget,
+        PeerRefused,
+        DeadLetterNotFound,
+        FeedUnavailable,
+        FeedHistoryMissing,
+    )
+}
+
+
+def error_from_answer(status: int, payload: Any) -> CallError:
+    """Rebuild the error a node answered with (its JSON/msgpack error object). An answer
+    that is not one of ours (e.g. a proxy's HTML page) has an ``unknown`` outcome."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("error"), str):
+        err = CallError(f"HTTP {status}: unexpected answer {str(payload)[:200]!r}")
+        err.status = status
+        return err
+    code = payload["error"]
+    message = str(payload.get("message", ""))
+    if code in (MethodFailed.code, ActivationRaised.code):
+        exc_type = str(payload.get("type", "Exception"))
+        detail = str(payload.get("detail", ""))
+        if code == MethodFailed.code:
+            return MethodFailed(exc_type, detail)
+        raised = ActivationRaised(exc_type, detail)
+        raised.args = (message,)  # the node's message names the cell
+        return raised
+    if code == HistoryCollected.code:
+        collected = HistoryCollected(message)  # with where to start from again
+        for field in ("requested", "oldest_txid", "snapshot_txid", "snapshot_epoch"):
+            if field in payload:
+                setattr(collected, field, payload[field])
+        return collected
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)
+    err = CallError(message)
+    err.status = status
+    err.code = code
+    outcome = payload.get("outcome")
+    err.outcome = outcome if outcome in OUTCOMES else UNKNOWN
+    err.retryable = err.outcome == NOT_RUN and bool(payload.get("retryable", False))
+    return err

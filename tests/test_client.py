@@ -18,10 +18,10 @@ from cellactors.errors import (
     NodeStorageFault,
     NodeUnavailable,
     NotDurable,
+    PayloadTooLarge,
     StaleRoute,
     UnknownCell,
 )
-from cellactors.server.codec import PayloadTooLarge
 from tests.test_server_app import FakeNode, Served, free_port, serving
 
 
@@ -192,9 +192,9 @@ def test_error_codes_map_to_classes(payload: dict[str, object], cls: type[CallEr
 
 
 def test_unknown_error_codes_keep_status_and_code() -> None:
-    err = error_from_answer(401, {"error": "unauthorized", "message": "no", "retryable": False})
+    err = error_from_answer(418, {"error": "teapot", "message": "no", "retryable": False})
     assert type(err) is CallError
-    assert (err.status, err.code, err.retryable) == (401, "unauthorized", False)
+    assert (err.status, err.code, err.retryable) == (418, "teapot", False)
     odd = error_from_answer(502, "<html>bad gateway</html>")
     assert odd.status == 502
     assert "bad gateway" in str(odd)

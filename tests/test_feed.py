@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from cellactors import Client
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.cli import main
-from cellactors.core.changes import Change, HistoryCollected
-from cellactors.errors import CallError
+from cellactors.core.changes import Change
+from cellactors.errors import CallError, HistoryCollected
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.feed import FeedReader, follow_changes, read_changes

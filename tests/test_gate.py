@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from cellactors.errors import BucketError, NodeUnavailable, NotDurable
+from cellactors.errors import BucketError, Fenced, NodeUnavailable, NotDurable
 from cellactors.persistence.bucket import Absent, Bucket
-from cellactors.persistence.gate import Fenced, GatedBucket, _local
+from cellactors.persistence.gate import GatedBucket, _local
 from cellactors.persistence.metered import MeteredBucket
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter

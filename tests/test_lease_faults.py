@@ -15,9 +15,8 @@ import time
 import pytest
 
 from cellactors import Node, NodeSettings
-from cellactors.actors.lease import ClockSkew
 from cellactors.clock import StoreClock, mono, wall_ms
-from cellactors.errors import AmbiguousWrite, BucketError
+from cellactors.errors import AmbiguousWrite, BucketError, ClockSkew
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Applied, Bucket, CasResult, Guard, Match
 from cellactors.persistence.leases import LeaseStore, NodeLease

@@ -53,6 +53,7 @@ from hypothesis.stateful import (
 
 from cellactors.core import acquire, lease_rules, restore_plan
 from cellactors.core.acks import AckGate
+from cellactors.errors import SealLost
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import (
     Applied,
@@ -66,13 +67,7 @@ from cellactors.persistence.bucket import (
 from cellactors.persistence.leases import LeaseStore, NodeLease
 from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import (
-    MAX_LISTINGS,
-    SealLost,
-    collect_garbage,
-    create_seal,
-    read_seal,
-)
+from cellactors.persistence.restore import MAX_LISTINGS, collect_garbage, create_seal, read_seal
 
 CELL = "Model:one"
 ROOT = keys.cell_root(CELL)

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 import pytest
 
 from cellactors.actors.snapshots import SnapshotPolicy
-from cellactors.errors import BucketError
+from cellactors.errors import BucketError, RestoreHole
 from cellactors.persistence import keys
 from cellactors.persistence.bucket import Bucket, ObjectInfo, StoredObject
 from cellactors.persistence.celldb import CellDatabase, dump
 from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.restore import RestoreHole, fetch_bodies, read_seal, restore
+from cellactors.persistence.restore import fetch_bodies, read_seal, restore
 from cellactors.persistence.s3 import S3Bucket
 from tests.cells import Counter
 from tests.conftest import make_s3_bucket

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cellactors.errors import RestoreHole
 from cellactors.persistence import keys
 from cellactors.persistence import restore as restore_module
 from cellactors.persistence.batches import Batch, Txn, encode_batch
@@ -23,7 +24,6 @@ from cellactors.persistence.celldb import CellDatabase
 from cellactors.persistence.memory import MemoryBucket
 from cellactors.persistence.restore import (
     MAX_LISTINGS,
-    RestoreHole,
     RestoreResult,
     collect_garbage,
     encode_snapshot,

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from cellactors.errors import BucketError
-from cellactors.persistence.gate import Fenced, GatedBucket
+from cellactors.errors import BucketError, Fenced
+from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket

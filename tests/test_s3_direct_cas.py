@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cellactors.errors import AmbiguousWrite
+from cellactors.errors import AmbiguousWrite, Fenced
 from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
-from cellactors.persistence.gate import Fenced, GatedBucket
+from cellactors.persistence.gate import GatedBucket
 from cellactors.persistence.keepalive import Connection, StaleConnection
 from cellactors.persistence.s3 import S3Bucket
 from tests.conftest import make_s3_bucket

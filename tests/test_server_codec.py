@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cellactors import errors
 from cellactors.errors import BadRequest, CallError, MethodFailed
 from cellactors.server import codec
 
@@ -128,7 +129,7 @@ def test_read_body_within_limit_joins_chunks() -> None:
 
 def test_declared_length_far_over_limit_is_refused_before_reading() -> None:
     feed = Feed(endless(b"x" * 1024))
-    with pytest.raises(codec.PayloadTooLarge) as info:
+    with pytest.raises(errors.PayloadTooLarge) as info:
         read(feed, str(10 << 20), limit=1024, drain=4096)
     assert feed.pulled == 0
     assert info.value.status == 413
@@ -139,7 +140,7 @@ def test_declared_length_far_over_limit_is_refused_before_reading() -> None:
 def test_streamed_body_stops_at_the_drain_limit() -> None:
     """No Content-Length (chunked upload): the limit is checked while streaming."""
     feed = Feed(endless(b"x" * 1000))
-    with pytest.raises(codec.PayloadTooLarge) as info:
+    with pytest.raises(errors.PayloadTooLarge) as info:
         read(feed, None, limit=10_000, drain=30_000)
     assert 30_000 < feed.pulled <= 31_000
     assert info.value.drained is False
@@ -147,7 +148,7 @@ def test_streamed_body_stops_at_the_drain_limit() -> None:
 
 def test_oversized_body_that_ends_within_drain_is_drained() -> None:
     feed = Feed([b"x" * 1000] * 20)
-    with pytest.raises(codec.PayloadTooLarge) as info:
+    with pytest.raises(errors.PayloadTooLarge) as info:
         read(feed, "20000", limit=10_000)
     assert feed.pulled == 20_000
     assert info.value.drained is True
@@ -161,7 +162,7 @@ def test_oversized_body_that_ends_within_drain_is_drained() -> None:
 
 def test_lying_content_length_is_still_limited() -> None:
     feed = Feed(endless(b"y" * 100))
-    with pytest.raises(codec.PayloadTooLarge):
+    with pytest.raises(errors.PayloadTooLarge):
         read(feed, "10", limit=1000, drain=2000)
     assert feed.pulled <= 2100
 
@@ -175,7 +176,7 @@ def test_invalid_content_length(value: str) -> None:
 def test_default_limit_is_one_mebibyte() -> None:
     assert codec.DEFAULT_MAX_BODY == 1 << 20
     assert read(Feed([b"z" * (1 << 20)]), None, limit=codec.DEFAULT_MAX_BODY) == b"z" * (1 << 20)
-    with pytest.raises(codec.PayloadTooLarge):
+    with pytest.raises(errors.PayloadTooLarge):
         read(Feed([b"z" * ((1 << 20) + 1)]), None, limit=codec.DEFAULT_MAX_BODY)
 
 

@@ -8,14 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cellactors.errors import StaleTarget, Unauthorized
 from cellactors.server import signing
-from cellactors.server.signing import (
-    NonceCache,
-    StaleTarget,
-    Unauthorized,
-    sign_request,
-    verify_request,
-)
+from cellactors.server.signing import NonceCache, sign_request, verify_request
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

@@ -23,7 +23,7 @@ import pykka
 
 from cellactors.clock import StoreClock, mono, wall_ms
 from cellactors.core import lease_rules, store_clock
-from cellactors.errors import BucketError, ConfigError
+from cellactors.errors import BucketError, ClockSkew
 from cellactors.persistence.bucket import Applied, CasResult, Guard, Match
 from cellactors.persistence.leases import LeaseStore, NodeLease
 
@@ -40,10 +40,6 @@ class FenceDeadline:
 
     def passed(self) -> bool:
         return lease_rules.should_fence(self.value, mono())
-
-
-class ClockSkew(ConfigError):
-    """This machine's clock is off from the store's by more than the allowed bound."""
 
 
 class LeaseClock:

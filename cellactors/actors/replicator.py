@@ -24,11 +24,10 @@ from cellactors.actors.messages import Flush, Kick, TakeImage
 from cellactors.actors.pooled import PooledActor
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool
-from cellactors.errors import BucketError, CallError, NotDurable
+from cellactors.errors import BucketError, CallError, Fenced, NotDurable
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, encode_batch
 from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.gate import Fenced
 from cellactors.persistence.ownership import OwnerRecord, OwnershipStore
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,7 @@ import click
 
 from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
-from cellactors.core.changes import HistoryCollected
-from cellactors.errors import BucketError, CellactorsError
+from cellactors.errors import BucketError, CellactorsError, HistoryCollected
 from cellactors.persistence import keys
 from cellactors.server import codec
 
@@ -42,7 +41,8 @@ from cellactors.server import codec
 )
 def feed(store: StoreArgs, cell_id: str, after: int, follow: bool, poll_interval: float) -> None:
     """Print the cell's acknowledged transactions after --after as JSON lines."""
-    from cellactors.persistence.feed import FeedHole, changes
+    from cellactors.errors import FeedHole
+    from cellactors.persistence.feed import changes
 
     try:
         keys.validate_cell_id(cell_id)

@@ -12,8 +12,6 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellactors.errors import NOT_RUN, CallError
-
 
 @dataclass(frozen=True)
 class RowChange:
@@ -79,27 +77,3 @@ class Change:
             rows=rows,
             schema_change=bool(value.get("schema_change", False)),
         )
-
-
-class HistoryCollected(CallError):
-    """The history asked for was garbage-collected (it is older than the retention period):
-    ``oldest_txid`` is the first txid the bucket still holds in batches, ``snapshot_txid``
-    the snapshot to start from (restore it, then read the feed after it), if any. Not run:
-    nothing changed."""
-
-    status = 410
-    code = "history_collected"
-    outcome = NOT_RUN
-    requested: int = 0
-    oldest_txid: int = 0
-    snapshot_txid: int | None = None
-    snapshot_epoch: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            **super().to_dict(),
-            "requested": self.requested,
-            "oldest_txid": self.oldest_txid,
-            "snapshot_txid": self.snapshot_txid,
-            "snapshot_epoch": self.snapshot_epoch,
-        }

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellactors.errors import CellactorsError
+from cellactors.errors import UnsupportedSchema
 
 CHANGES_TABLE = "temp._cellactors_changes"
 _CHANGES_IN_TRIGGER = "_cellactors_changes"  # trigger bodies may not qualify names
@@ -31,10 +31,6 @@ TRIGGER_PREFIX = "_cellactors_cap_"
 MAX_KEY_COLUMNS = 8
 _KEY_COLS = [f"k{i}" for i in range(MAX_KEY_COLUMNS)]
 _WITHOUT_ROWID = re.compile(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", re.IGNORECASE)
-
-
-class UnsupportedSchema(CellactorsError):
-    """The database uses something capture cannot replicate exactly (e.g. virtual tables)."""
 
 
 def quote(name: str) -> str:

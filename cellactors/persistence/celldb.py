@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import sqlite_utils
 
 from cellactors.core.storage import storage_fault_reason
-from cellactors.errors import NodeStorageFault
+from cellactors.errors import NodeStorageFault, Refused, TransactionLost
 from cellactors.persistence import capture
 from cellactors.persistence.batches import Txn
 from cellactors.persistence.calls import RESERVED_PREFIX, CallLog
@@ -156,20 +156,9 @@ class CellConnection(sqlite3.Connection):
         return False
 
 
-class Refused(capture.UnsupportedSchema):
-    """User code attempted something the runtime refuses (see the message)."""
-
-
 class ReadInterrupted(Exception):
     """A read-only call on the serving event loop ran past its budget and was interrupted
     (rolled back, no effect): it is sent again off the loop, never answered as it is."""
-
-
-class TransactionLost(Refused):
-    """SQLite rolled the call's transaction back under the method (an ``ON CONFLICT
-    ROLLBACK``, a ``RAISE(ROLLBACK)``, or an error the method caught) and the method
-    returned: nothing of it is kept. A statement it ran after that wrote the file outside
-    any transaction: the file is then no longer trusted."""
 
 
 class CellDatabase:

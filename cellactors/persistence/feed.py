@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cellactors.core import feed_plan, restore_plan
-from cellactors.core.changes import Change, HistoryCollected, RowChange
-from cellactors.errors import BucketError, CellactorsError
+from cellactors.core.changes import Change, RowChange
+from cellactors.errors import BucketError, FeedHole, HistoryCollected
 from cellactors.persistence import keys
 from cellactors.persistence.batches import Batch, Txn, decode_batch
 from cellactors.persistence.bucket import Bucket
@@ -50,11 +50,6 @@ DEFAULT_POLL_INTERVAL = 0.25
 # Feed reads (driven by HTTP readers) fetch on a pool of their own: a reader catching up
 # on a long history never queues ahead of an activation's restore.
 _fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="feed")
-
-
-class FeedHole(CellactorsError):
-    """Objects the cell's history needs are missing (not collected: deleted or lost), and
-    listing again did not help."""
 
 
 def to_change(epoch: int, txn: Txn) -> Change:

@@ -15,13 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from cellactors.errors import BucketError
+from cellactors.errors import Fenced
 from cellactors.persistence.bucket import Bucket, CasResult, Guard, ObjectInfo, StoredObject
-
-
-class Fenced(BucketError):
-    """The node fenced itself: the request was refused before it was sent."""
-
 
 # The gate of the request this thread is making, so that a dialect's own retries (botocore
 # retries a failed PUT inside one call) are refused too once the gate closes mid-call.

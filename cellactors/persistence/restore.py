@@ -21,8 +21,15 @@ from typing import Any
 import msgpack
 
 from cellactors.core import feed_plan, restore_plan, retention
-from cellactors.core.changes import HistoryCollected
-from cellactors.errors import AmbiguousWrite, BucketError, CellactorsError
+from cellactors.errors import (
+    AmbiguousWrite,
+    BucketError,
+    HistoryCollected,
+    ListingLags,
+    PointNotRestorable,
+    RestoreHole,
+    SealLost,
+)
 from cellactors.persistence import keys, records
 from cellactors.persistence.batches import decode_batch
 from cellactors.persistence.bucket import Absent, Applied, Bucket, StoredObject
@@ -31,10 +38,6 @@ from cellactors.persistence.celldb import CellDatabase
 SNAPSHOT_VERSION = 1
 
 log = logging.getLogger(__name__)
-
-
-class SealLost(CellactorsError):
-    """Another activation sealed the epoch first; this activation must fail."""
 
 
 @dataclass
@@ -103,24 +106,12 @@ def decode_snapshot(key: str, body: bytes) -> tuple[int, int, bytes]:
         raise BucketError(f"{key} is not a valid snapshot: {err}") from err
 
 
-class RestoreHole(CellactorsError):
-    """The bucket proves history that its objects cannot rebuild (objects were listed and
-    then vanished, or are missing), and listing again did not help. The activation fails
-    rather than restore around the hole."""
-
-
 class _Relist(Exception):
     """Something listed is gone, or the plan found a hole: list again."""
 
 
 class _Lags(Exception):
     """The listing does not reach the txid the ownership record proves: list again later."""
-
-
-class ListingLags(RestoreHole):
-    """The ownership record proves a txid (the last release recorded it) that the store's
-    listings still did not show after waiting: the store lists recent writes late, and the
-    activation fails rather than seal them away (`cellactors qualify` checks this)."""
 
 
 MAX_LISTINGS = 4
@@ -340,11 +331,6 @@ def restore(
         if lags:
             log.info("restore of %s reached txid %d after %d listings", cell_id, floor, lags)
         return result
-
-
-class PointNotRestorable(CellactorsError):
-    """A point-in-time restore asked for a point the cell's history does not reach: after
-    its last transaction, or before its first."""
 
 
 def collected_error(cell_id: str, found: feed_plan.Collected) -> HistoryCollected:

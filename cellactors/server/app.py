@@ -44,15 +44,21 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cellactors import errors
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,
     BucketError,
     CallError,
+    DeadLetterNotFound,
+    FeedHistoryMissing,
+    FeedUnavailable,
+    InternalError,
     InvalidCellId,
     NodeStorageFault,
     NodeUnavailable,
     NotDurable,
+    PeerRefused,
     RemoteOwner,
     StaleRoute,
     UnknownCell,
@@ -175,21 +181,6 @@ class ServerSettings:
     max_concurrent_feeds: int = 64  # worker threads reading feeds at once, per app
 
 
-class PeerRefused(CallError):
-    """The owning peer refused our signed forward (key or clock mismatch); not executed."""
-
-    status = 502
-    code = "peer_refused"
-    outcome = NOT_RUN
-
-
-class InternalError(CallError):
-    """An unexpected failure inside this node; the call's outcome is unknown."""
-
-    status = 500
-    code = "internal"
-
-
 def error_response(
     err: CallError,
     encoding: codec.Encoding,
@@ -202,7 +193,7 @@ def error_response(
     headers = {NODE_HEADER: node_id}
     if err.status == 503:
         headers["Retry-After"] = str(retry_after)
-    if close or (isinstance(err, codec.PayloadTooLarge) and not err.drained):
+    if close or (isinstance(err, errors.PayloadTooLarge) and not err.drained):
         headers["Connection"] = "close"
     return Response(
         codec.encode_error(err, encoding),
@@ -503,7 +494,7 @@ class _PublicCore(_Core):
 
     async def _read_feed(self, reader: Any, after: int) -> Any:
         """One bucket round of the feed in a worker thread; store failures as wire errors."""
-        from cellactors.persistence.feed import FeedHole
+        from cellactors.errors import FeedHole
 
         try:
             return await anyio.to_thread.run_sync(
@@ -657,8 +648,8 @@ class _PublicCore(_Core):
             )
             return self.error(err, encoding), False
         code, outcome = payload.get("error"), payload.get("outcome")
-        if peer.status_code == signing.Unauthorized.status:
-            if code == signing.StaleTarget.code:
+        if peer.status_code == errors.Unauthorized.status:
+            if code == errors.StaleTarget.code:
                 log.info("owner %s restarted since its route was cached", owner.node)
                 err = StaleRoute(f"owner {owner.node} restarted since this node looked it up")
                 return self.error(err, encoding), True
@@ -667,35 +658,6 @@ class _PublicCore(_Core):
             return self.error(err, encoding), False
         reroute = outcome == NOT_RUN and code in _REROUTE_CODES
         return _pass_through(peer, encoding), reroute
-
-
-class DeadLetterNotFound(CallError):
-    """The cell has no dead letter with that id (retried or purged already, or never)."""
-
-    status = 404
-    code = "dead_letter_not_found"
-    outcome = NOT_RUN
-
-
-class FeedUnavailable(CallError):
-    """The feed could not be read from the bucket now (a store failure); nothing changed, a
-    later request may succeed."""
-
-    status = 503
-    code = "feed_unavailable"
-    outcome = NOT_RUN
-    retryable = True
-
-
-class FeedHistoryMissing(CallError):
-    """Objects the cell's history needs are missing from the bucket (deleted or lost, not
-    collected by retention), and listing again did not bring them back. Nothing changed,
-    and asking again will not help: the bucket needs an operator."""
-
-    status = 500
-    code = "history_missing"
-    outcome = NOT_RUN
-    retryable = False
 
 
 def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
@@ -802,7 +764,7 @@ class _InternalCore(_Core):
             return self.error(StaleRoute(f"not the owner of {cls_name}:{name} ({e})"), encoding)
         except Exception as e:
             err = _as_call_error(e)
-            if isinstance(err, signing.Unauthorized):
+            if isinstance(err, errors.Unauthorized):
                 log.warning("refused peer call %s: %s", request.url.path, err)
             elif isinstance(err, InternalError):
                 log.exception("forwarded call %s failed unexpectedly", request.url.path)
@@ -894,7 +856,7 @@ class _InternalCore(_Core):
             return JSONResponse(answer, status_code=409, headers={NODE_HEADER: self.node.node_id})
         except Exception as e:
             err = _as_call_error(e)
-            if isinstance(err, signing.Unauthorized):
+            if isinstance(err, errors.Unauthorized):
                 log.warning("refused operator request %s: %s", request.url.path, err)
             elif isinstance(err, InternalError):
                 log.exception("operator request %s failed unexpectedly", request.url.path)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from cellactors.errors import BadRequest, CallError
+from cellactors.errors import BadRequest, CallError, PayloadTooLarge
 
 Encoding = Literal["json", "msgpack"]
 
@@ -57,17 +57,6 @@ def idempotency_key(values: list[str]) -> str | None:
             "from [A-Za-z0-9._:-]"
         )
     return values[0]
-
-
-class PayloadTooLarge(BadRequest):
-    """The request body exceeds the configured limit; nothing was executed."""
-
-    status = 413
-    code = "payload_too_large"
-
-    def __init__(self, message: str, *, drained: bool = True) -> None:
-        super().__init__(message)
-        self.drained = drained  # False: unread bytes remain, the connection must close
 
 
 def _too_large(limit: int, *, drained: bool) -> PayloadTooLarge:

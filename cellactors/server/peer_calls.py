@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
-from cellactors.client import error_from_answer
+from cellactors import errors
 from cellactors.errors import (
     BadRequest,
     CallError,
@@ -27,6 +27,7 @@ from cellactors.errors import (
     NotDurable,
     RemoteOwner,
     StaleRoute,
+    error_from_answer,
 )
 from cellactors.server import codec, signing
 from cellactors.server.unsent import WriteWatch
@@ -121,7 +122,7 @@ class PeerCaller:
             payload = None
         if resp.is_success and isinstance(payload, dict) and "result" in payload:
             return payload["result"]
-        if isinstance(payload, dict) and payload.get("error") == signing.StaleTarget.code:
+        if isinstance(payload, dict) and payload.get("error") == errors.StaleTarget.code:
             raise StaleRoute(f"owner {owner.node} restarted since this node looked it up")
         raise error_from_answer(resp.status_code, payload)  # 401 ``unauthorized``: not run
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from cellactors.errors import NOT_RUN, CallError
+from cellactors.errors import StaleTarget, Unauthorized
 from cellactors.server.codec import IDEMPOTENCY_HEADER
 
 SOURCE_HEADER = "X-Cellactors-Source"
@@ -47,22 +47,6 @@ KEY_BYTES = 32
 _NONCE_RE = re.compile(r"[0-9a-f]{32}")
 _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _GENERATION_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-
-
-class Unauthorized(CallError):
-    """A peer request failed signature verification; it was not executed."""
-
-    status = 401
-    code = "unauthorized"
-    outcome = NOT_RUN
-
-
-class StaleTarget(Unauthorized):
-    """A correctly signed request for another process generation of this node: a replay
-    across a restart, or a sender whose route to this node predates its restart. Not
-    executed; the sender may look the owner up again."""
-
-    code = "stale_target"
 
 
 def _check_key(key: bytes) -> None:
