@@ -1,4 +1,4 @@
-""":class:`cellactors.actors.pooled.PooledActor`: pykka's actor contract (one message at a
+""":class:`cellactors.actors.pykka_ext.PooledActor`: pykka's actor contract (one message at a
 time, in order; on_start before the first message; stop; dead actors answer ActorDeadError)
 on threads borrowed from a shared pool."""
 
@@ -14,7 +14,7 @@ import pykka
 import pytest
 
 from cellactors.actors.messages import ask_method
-from cellactors.actors.pooled import PooledActor
+from cellactors.actors.pykka_ext import PooledActor
 from cellactors.actors.threadpool import ElasticPool
 
 POOL = ElasticPool(4, "test-pooled")
@@ -324,7 +324,7 @@ def test_a_start_that_fails_undoes_what_prepare_did() -> None:
 STOP_ALL_SCRIPT = """
 import time
 import pykka
-from cellactors.actors.pooled import PooledActor
+from cellactors.actors.pykka_ext import PooledActor
 from cellactors.actors.threadpool import ElasticPool
 
 class Doom(BaseException):

@@ -50,6 +50,7 @@ from cellactors.actors.messages import (
     ReadOutbox,
     TakeImage,
 )
+from cellactors.actors.pykka_ext import LazyThreadingActor
 from cellactors.clock import RuntimeClock, StoreClock
 from cellactors.core import alarms
 from cellactors.errors import (
@@ -262,7 +263,7 @@ def _exposed(cls: type) -> frozenset[str]:
     )
 
 
-class CellActor(pykka.ThreadingActor):
+class CellActor(LazyThreadingActor):
     """Subclass this; public methods become the cell's API.
 
     Override :meth:`on_activate` to create tables. Do not override pykka's hooks
@@ -293,37 +294,18 @@ class CellActor(pykka.ThreadingActor):
         # call inline: the cell's code and database are used by one thread at a time.
         self.__gate = ExecGate(cast(CellInbox, self.actor_inbox))
 
-    @staticmethod
-    def _create_actor_inbox() -> CellInbox:
-        return CellInbox()
-
     @classmethod
     def start_unopened(cls) -> CellActor:
         """Create and register a cell actor and return the actor itself, for the activating
         thread to open with :meth:`open_here` before it hands out the ref. Its thread
         starts with its first message."""
-        actor = cls()
-        pykka.ActorRegistry.register(actor.actor_ref)
-        actor._start_actor_loop()
-        return actor
+        return cls.start_lazily()
 
-    def _start_actor_loop(self) -> None:
-        inbox = cast(CellInbox, self.actor_inbox)
-        inbox.start_on_first_put(super()._start_actor_loop, self._stop_unstarted)
-
-    def _stop_unstarted(self, envelope: Any) -> bool:
-        """A stop that finds the cell's thread never started stops the cell right here:
-        stopping thousands of idle cells at once (a fence) starts no thread. Not while a
-        read runs inline: then the stop is queued, and its sender may time out waiting
-        for it as for any stop behind a running call."""
-        if not isinstance(getattr(envelope, "message", None), pykka.messages._ActorStop):
-            return False
-        if not self.__gate.close_if_free():
-            return False
-        self._stop()  # pykka's own stop: unregistered, marked stopped, on_stop (the gate)
-        if envelope.reply_to is not None:
-            envelope.reply_to.set(None)
-        return True
+    def _may_stop_here(self) -> bool:
+        """A stop that finds the cell's thread never started stops the cell in the stopping
+        thread, but not while a read runs inline: then the stop is queued, and its sender
+        may time out waiting for it as for any stop behind a running call."""
+        return self.__gate.close_if_free()
 
     def open_here(self, runtime: CellRuntime) -> alarms.WakeState:
         """Attach the activation's runtime and run ``on_activate``, in the calling thread

@@ -20,7 +20,7 @@ import pykka
 from cellactors.actors.cell import CellActor, CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, ask_attribute
-from cellactors.actors.pooled import PooledActor
+from cellactors.actors.pykka_ext import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import pykka
 
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, TakeImage
-from cellactors.actors.pooled import PooledActor
+from cellactors.actors.pykka_ext import PooledActor, queued
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool
 from cellactors.errors import BucketError, CallError, Fenced, NotDurable
@@ -151,7 +150,7 @@ class Replicator(PooledActor):
         if cell is None:
             return
         until = time.monotonic() + self.linger_s
-        while cast("queue.Queue[Any]", cell.actor_inbox).qsize() > 0 and time.monotonic() < until:
+        while queued(cell) > 0 and time.monotonic() < until:
             self.channel.wait_progress(until - time.monotonic())
 
     def _upload(self, txns: list[Txn], deadline: float) -> int:

@@ -1,19 +1,27 @@
-"""Actors that borrow a thread from a shared pool instead of owning one.
+"""The two kinds of actor the runtime needs beyond pykka's own, and the one module that
+uses pykka's private API (``tests/test_pykka_ext.py`` pins the part of it relied on, so a
+pykka upgrade that moves it fails there first).
 
-A :class:`pykka.ThreadingActor` keeps a thread for its whole life, idle or not. Every
+:class:`LazyThreadingActor`, a :class:`pykka.ThreadingActor` whose thread starts with its
+first message: a cell is opened in the activating thread and may then only be read inline,
+never needing a thread; a stop that finds no thread started runs in the stopping thread, so
+stopping thousands of such cells at once (a fence) starts none.
+
+:class:`PooledActor`, an actor that borrows a thread from a shared pool instead of owning
+one. A :class:`pykka.ThreadingActor` keeps a thread for its whole life, idle or not. Every
 active cell has an ownership actor and a replicator that are idle nearly all the time, so a
 node with thousands of resident cells would hold thousands of sleeping threads (each about
 20 KiB of memory, and a thread start on every activation). A :class:`PooledActor` is the
 same pykka actor (refs, ``tell``/``ask``, ``stop``, ``on_start``/``on_stop``, pykka's call
 messages) whose messages are handled on a thread of its class's pool while it has any.
 
-Lifecycle: :meth:`start` queues ``on_start`` on the pool, and messages that arrive meanwhile
-wait in the inbox (an actor that does not override ``on_start`` is ready at once, with no
-task queued). Whenever the inbox is non-empty one *drain* task is scheduled: it handles
-messages one at a time, in order, and never two at once for one actor (the actor model's
-guarantee), and hands its thread back when the inbox is empty or after a few messages (so
-a busy actor cannot hold a thread forever while others wait). After the actor stops, any
-message still queued (or queued later by a racing sender) is answered with
+Lifecycle of a pooled actor: :meth:`start` queues ``on_start`` on the pool, and messages
+that arrive meanwhile wait in the inbox (an actor that does not override ``on_start`` is
+ready at once, with no task queued). Whenever the inbox is non-empty one *drain* task is
+scheduled: it handles messages one at a time, in order, and never two at once for one actor
+(the actor model's guarantee), and hands its thread back when the inbox is empty or after a
+few messages (so a busy actor cannot hold a thread forever while others wait). After the
+actor stops, any message still queued (or queued later by a racing sender) is answered with
 :class:`pykka.ActorDeadError`, as pykka does.
 
 A handler that blocks holds its pool thread while it blocks. Pools therefore never wait on
@@ -37,11 +45,57 @@ import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
 
+from cellactors.actors.cell_gate import CellInbox
 from cellactors.actors.threadpool import ElasticPool
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+L = TypeVar("L", bound="LazyThreadingActor")
+
+
+class LazyThreadingActor(pykka.ThreadingActor):
+    """A threading actor whose thread starts with its first message (see the module's
+    docstring). Start it with :meth:`start_lazily`."""
+
+    @staticmethod
+    def _create_actor_inbox() -> CellInbox:
+        return CellInbox()
+
+    @classmethod
+    def start_lazily(cls: type[L]) -> L:
+        """Create and register the actor and return the actor itself; its thread starts
+        with its first message."""
+        actor = cls()
+        ActorRegistry.register(actor.actor_ref)
+        actor._start_actor_loop()
+        return actor
+
+    def _start_actor_loop(self) -> None:
+        inbox = cast(CellInbox, self.actor_inbox)
+        inbox.start_on_first_put(super()._start_actor_loop, self._stop_unstarted)
+
+    def _may_stop_here(self) -> bool:
+        """Whether a stop that finds no thread started may stop the actor in the stopping
+        thread now (False: it is queued for the thread, like any other message)."""
+        return True
+
+    def _stop_unstarted(self, envelope: Any) -> bool:
+        if not isinstance(getattr(envelope, "message", None), messages._ActorStop):
+            return False
+        if not self._may_stop_here():
+            return False
+        self._stop()  # pykka's own stop: unregistered, marked stopped, on_stop
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(None)
+        return True
+
+
+def queued(ref: pykka.ActorRef[Any]) -> int:
+    """How many messages wait in the actor's inbox: a hint (another thread may take or add
+    one at once), read without taking any."""
+    return cast("queue.Queue[Any]", ref.actor_inbox).qsize()
+
 
 #: Messages one drain handles before it hands its thread back to the pool.
 DRAIN_BATCH = 16
