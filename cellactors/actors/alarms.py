@@ -29,21 +29,56 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.ownership import Active
+from cellactors.clock import RuntimeClock
 from cellactors.core import alarms
 from cellactors.core.alarms import Action, Wake, WakeState
 from cellactors.errors import BucketError, CallError, NodeUnavailable, StaleRoute
+from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.ownership import OwnershipStore
 from cellactors.persistence.wakes import WakeStore
 
 #: The least time between two scans that departed entries (alarms of cells this node
 #: released) start: an alarm of such a cell fires within this of its time.
 DEPARTED_SCAN_GAP_S = 1.0
 
-if TYPE_CHECKING:
-    from cellactors.actors.node import Node
+
+class Kicks(Protocol):
+    """Something that delivers a cell's pending messages when kicked (the outbox)."""
+
+    def kick(self, cell_id: str) -> None: ...
+
+
+class AlarmHost(Protocol):
+    """What the alarm driver needs of its node (the node is one): who it is, whether it
+    serves, its clock, store and metrics, and how to activate a cell and fire its alarm."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def classes(self) -> Container[str]: ...
+    @property
+    def clock(self) -> RuntimeClock: ...
+    @property
+    def gate(self) -> Bucket: ...
+    @property
+    def metrics(self) -> NodeMetrics: ...
+    @property
+    def ownership(self) -> OwnershipStore: ...
+    @property
+    def outbox(self) -> Kicks: ...
+    def may_send(self) -> bool: ...
+    def routed_elsewhere(self, cell_id: str) -> bool: ...
+    def activate_here(self, cell_id: str) -> Active: ...
+    def fire_alarm(self, cell_id: str) -> Any: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +135,7 @@ class AlarmDriver:
     """Mirrors, timer heap and scans of one node (one thread, plus a small pool for fires
     and orphan activations so a slow cell never delays another's alarm)."""
 
-    def __init__(self, node: Node, interval: float) -> None:
+    def __init__(self, node: AlarmHost, interval: float) -> None:
         self.node = node
         self.store = WakeStore(node.gate)
         self.interval = interval

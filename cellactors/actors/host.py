@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pykka
 
@@ -12,8 +12,19 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.ownership import Active
 from cellactors.errors import ActivationFailed
 
-if TYPE_CHECKING:
-    from cellactors.actors.node import Node
+
+class Caller(Protocol):
+    """What a call proxy needs: a blocking call of a cell by class and name (the node)."""
+
+    def call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        args: tuple[Any, ...] = (),
+    ) -> Any: ...
 
 
 class CellHost:
@@ -39,7 +50,7 @@ class CellHost:
 class CellProxy:
     """``node.cell(Counter, "a").increment("x")``: blocking calls answered after the ack."""
 
-    def __init__(self, node: Node, cls_name: str, name: str) -> None:
+    def __init__(self, node: Caller, cls_name: str, name: str) -> None:
         self._node = node
         self._cls = cls_name
         self._name = name

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pykka
 
-from cellactors.actors import limits
+import cellactors.actors.limits as limits
 from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.cell import CellActor, check_arguments, check_serializable
 from cellactors.actors.host import CellHost, CellProxy

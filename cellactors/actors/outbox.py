@@ -25,11 +25,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pykka
 
 from cellactors.actors.messages import EditRuntime, ReadOutbox
+from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.ownership import Active
+from cellactors.clock import RuntimeClock
 from cellactors.core import alarms
 from cellactors.core.dead_letters import DeadLetterPolicy, Failure, give_up
 from cellactors.errors import (
@@ -44,8 +47,40 @@ from cellactors.errors import (
 )
 from cellactors.persistence.runtime_tables import GivenUp, Message, RuntimeTables
 
-if TYPE_CHECKING:
-    from cellactors.actors.node import Node
+
+class OutboxSettings(Protocol):
+    """The node settings the outbox reads."""
+
+    @property
+    def op_deadline(self) -> float: ...
+    @property
+    def outbox_max_attempts(self) -> int: ...
+    @property
+    def outbox_max_age(self) -> float: ...
+
+
+class OutboxHost(Protocol):
+    """What the outbox needs of its node (the node is one): its settings, clock and
+    metrics, how to activate a sender here and how to call a target anywhere."""
+
+    @property
+    def settings(self) -> OutboxSettings: ...
+    @property
+    def clock(self) -> RuntimeClock: ...
+    @property
+    def metrics(self) -> NodeMetrics: ...
+    def activate_here(self, cell_id: str) -> Active: ...
+    def call_cell(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        key: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> Any: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +117,7 @@ class _Worker:
 class OutboxWorkers:
     """The delivery workers of one node, at most one per sender cell."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: OutboxHost) -> None:
         self.node = node
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}

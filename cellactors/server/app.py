@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cellactors import errors
+import cellactors.errors as errors
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
-from cellactors import errors
+import cellactors.errors as errors
 from cellactors.errors import (
     BadRequest,
     CallError,
