@@ -54,6 +54,7 @@ import msgpack
 
 from cellactors.core import retries
 from cellactors.core.changes import Change
+from cellactors.core.idempotency import KEY_RULE, valid_key
 from cellactors.errors import (
     NOT_RUN,
     UNKNOWN,
@@ -77,8 +78,8 @@ def new_key() -> str:
 
 
 def _check_key(key: str) -> str:
-    if not codec.is_valid_key(key):
-        raise ValueError(f"invalid idempotency key {key!r}: use 1-128 of [A-Za-z0-9._:-]")
+    if not valid_key(key):
+        raise ValueError(f"invalid idempotency key {key!r}: use {KEY_RULE}")
     return key
 
 

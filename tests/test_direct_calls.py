@@ -17,8 +17,8 @@ import pytest
 from cellactors import Node
 from cellactors.actors.messages import Invoke
 from cellactors.actors.node import Submitted
+from cellactors.core.idempotency import MAX_KEY_LENGTH
 from cellactors.errors import NotDurable
-from cellactors.persistence import calls
 from cellactors.persistence.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from tests.cells import Counter, Slow
@@ -167,7 +167,7 @@ def test_submit_here_only_for_an_active_cell_of_a_serving_node(node: Node) -> No
 
     assert submit("b") is None  # not active here: the blocking path activates it
     assert submit("a", method="nope") is None  # refused there, and counted
-    assert submit("a", key="k" * (calls.MAX_KEY_LENGTH + 1)) is None
+    assert submit("a", key="k" * (MAX_KEY_LENGTH + 1)) is None
     sub = submit("a")
     assert sub is not None and sub.invoke.reply.get(timeout=5) == 1
     assert node.answer(sub) == 1

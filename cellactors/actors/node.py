@@ -35,6 +35,7 @@ from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
 from cellactors.core import alarms as alarm_rules
 from cellactors.core.dead_letters import DeadLetterPolicy
+from cellactors.core.idempotency import check_key
 from cellactors.core.read_budget import DEFAULT_BUDGET_S, QuickReads
 from cellactors.errors import (
     NOT_RUN,
@@ -468,9 +469,8 @@ class Node:
         kwargs = dict(kwargs or {})
         check_arguments(cls, method, args, kwargs)
         check_serializable([list(args), kwargs], "arguments")
-        if key is not None and not calls.valid_key(key):
-            limit = calls.MAX_KEY_LENGTH
-            raise BadRequest(f"invalid idempotency key {str(key)[:40]!r}: use 1-{limit} characters")
+        if key is not None:
+            check_key(key)
         return cls, cell_id, kwargs
 
     def _may_send_answer(self) -> None:

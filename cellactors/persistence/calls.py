@@ -43,7 +43,6 @@ DEFAULT_WINDOW_S = 24 * 3600.0
 DEFAULT_MAX_KEYS = 10_000
 #: At most this many rows are collected per write transaction (bounded work per call).
 COLLECT_PER_TXN = 64
-MAX_KEY_LENGTH = 255
 
 
 @dataclass(frozen=True)
@@ -75,11 +74,6 @@ class Recorded:
     method: str
     args_sha256: str
     result: bytes
-
-
-def valid_key(key: object) -> bool:
-    """A key is a non-empty string of at most :data:`MAX_KEY_LENGTH` characters."""
-    return isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH
 
 
 def encode(value: Any) -> bytes:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgpack
 
+from cellactors.core.idempotency import valid_key
 from cellactors.errors import BadRequest, CallError, PayloadTooLarge
 
 Encoding = Literal["json", "msgpack"]
@@ -36,12 +36,6 @@ DEFAULT_MAX_BODY = 1 << 20
 BYTES_TAG = "$bytes"
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-_KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-def is_valid_key(key: object) -> bool:
-    """Whether ``key`` is a valid idempotency key: 1-128 characters of ``[A-Za-z0-9._:-]``."""
-    return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
 
 
 def idempotency_key(values: list[str]) -> str | None:
@@ -51,7 +45,7 @@ def idempotency_key(values: list[str]) -> str | None:
         return None
     if len(values) > 1:
         raise BadRequest(f"{IDEMPOTENCY_HEADER} given {len(values)} times")
-    if not is_valid_key(values[0]):
+    if not valid_key(values[0]):
         raise BadRequest(
             f"invalid {IDEMPOTENCY_HEADER} {values[0][:140]!r}: use 1-128 characters "
             "from [A-Za-z0-9._:-]"

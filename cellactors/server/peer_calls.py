@@ -20,8 +20,8 @@ from urllib.parse import quote
 import httpx
 
 import cellactors.errors as errors
+from cellactors.core.idempotency import check_key
 from cellactors.errors import (
-    BadRequest,
     CallError,
     NodeUnavailable,
     NotDurable,
@@ -81,8 +81,8 @@ class PeerCaller:
         key: str | None,
         chain: tuple[str, ...],
     ) -> Any:
-        if key is not None and not codec.is_valid_key(key):
-            raise BadRequest(f"invalid idempotency key for a call to another node: {key!r}")
+        if key is not None:
+            check_key(key)
         body = codec.encode(kwargs, "msgpack")
         parts = "/".join(quote(p, safe="") for p in (cls_name, name, method))
         path = INTERNAL_PREFIX + f"{cls_name}/{name}/{method}"
