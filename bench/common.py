@@ -18,8 +18,8 @@ import botocore.config
 
 from cellactors import Node, NodeSettings
 from cellactors.actors.snapshots import SnapshotPolicy
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTER_APP = REPO / "examples" / "counter.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import COUNTER_APP, REPO
-from cellactors.persistence.embedded import die_with_parent, free_port
+from cellactors.persistence.store.embedded import die_with_parent, free_port
 
 
 class ServerProc:

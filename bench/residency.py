@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.common import ACCESS_KEY, BUCKET, SECRET_KEY, proc_status, run_parallel
 from cellactors import Node, NodeSettings
 from cellactors.actors.node import TRIM_AFTER_S
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from examples.counter import Counter
 
 

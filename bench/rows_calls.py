@@ -36,7 +36,7 @@ from cellactors import Node
 from cellactors.actors.host import CellProxy
 from cellactors.core import lease_rules
 from cellactors.errors import BucketError
-from cellactors.persistence.leases import LeaseStore
+from cellactors.persistence.control.leases import LeaseStore
 from examples.counter import Counter
 
 PREFIX_INPROC = "calls-inproc"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from bench.common import BUCKET, REPO, BareS3, CpuMeter, Env, Goal, Row, make_row, run_parallel
 from cellactors import Node
-from cellactors.persistence import restore
+from cellactors.persistence.history import restore
 from examples.counter import Counter
 
 # The restore's parallel fetches; the bare baseline of row 7 uses as many threads.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bench.common import BUCKET, BareS3, Env, Goal, Row, make_row, ms, object_sizes, percentile
-from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.store.embedded import SeaweedServer
 from examples.counter import Counter
 
 PREFIX = "sync"

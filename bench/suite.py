@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = set(GROUPS) if not args.only else {int(x) for x in args.only.split(",") if x}
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     store_environment()
-    from cellactors.persistence.embedded import SeaweedServer
+    from cellactors.persistence.store.embedded import SeaweedServer
 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_start = _loadavg()

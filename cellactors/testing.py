@@ -34,19 +34,19 @@ from typing import Any, TypeVar
 
 from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
+from cellactors.core import keys
 from cellactors.core.changes import Change
 from cellactors.core.types import Applied, Match
 from cellactors.errors import NodeUnavailable, RemoteOwner
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.calls import RESERVED_PREFIX
-from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.feed import read_changes
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import restore
-from cellactors.persistence.runtime_tables import DeadLetter
+from cellactors.persistence.celldb.calls import RESERVED_PREFIX
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.celldb.runtime_tables import DeadLetter
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history.feed import read_changes
+from cellactors.persistence.history.restore import restore
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.memory import MemoryBucket
 
 __all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
 
@@ -101,8 +101,8 @@ class Fleet:
         if store == "seaweedfs":
             import boto3
 
-            from cellactors.persistence.embedded import SeaweedServer
-            from cellactors.persistence.s3 import S3Bucket
+            from cellactors.persistence.store.embedded import SeaweedServer
+            from cellactors.persistence.store.s3 import S3Bucket
 
             self._server = SeaweedServer(self.data_dir / "seaweedfs").start()
             boto3.client(

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.faults.proxy import FaultProxy
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

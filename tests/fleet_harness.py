@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import httpx
 
 from cellactors.cli.failures import EXIT_ADDRESS_IN_USE
-from cellactors.persistence.embedded import free_port
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import free_port
+from cellactors.persistence.store.s3 import S3Bucket
 
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 from cellactors import Node, NodeSettings
 from cellactors.core.types import Applied, Match
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.celldb import dump
-from cellactors.persistence.leases import LeaseStore
+from cellactors.persistence.celldb.database import dump
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.store.bucket import Bucket
 from tests.cells import Counter, Sandbox
 
 T = TypeVar("T")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellactors import CellActor, Node, NodeSettings
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.embedded import free_port
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.embedded import free_port
 from cellactors.server.app import ServerSettings
 from cellactors.server.runner import Runner
 from tests.cells import Counter, Sandbox

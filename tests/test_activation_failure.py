@@ -11,7 +11,7 @@ import pytest
 
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.errors import ActivationFailed, ActivationRaised
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import TTL, eventually, make_node
 from tests.test_runtime import HangingBucket

@@ -16,10 +16,10 @@ import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.errors import MethodFailed, NotDurable
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.s3 import S3Bucket
-from cellactors.persistence.wakes import parse_wake_key
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.control.wakes import parse_wake_key
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.alarm_cells import Flaky, Hop, Inbox, Reminder
 from tests.runtime_helpers import TTL, crash, eventually
 from tests.test_runtime import CuttableBucket

@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket, CasResult, Guard
-from cellactors.persistence.restore import read_seal
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.store.bucket import Bucket, CasResult, Guard
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import eventually, make_node, owner_epoch
 from tests.test_runtime import CuttableBucket

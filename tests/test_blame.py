@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from cellactors import CellActor, Client, Node
+from cellactors.core import keys
 from cellactors.errors import (
     ActivationFailed,
     ActivationRaised,
@@ -16,8 +17,7 @@ from cellactors.errors import (
     MethodFailed,
     NodeUnavailable,
 )
-from cellactors.persistence import keys
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import make_node
 from tests.served_nodes import served_node

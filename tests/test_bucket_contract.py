@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from cellactors.errors import AmbiguousWrite, BucketError, StoreUnreachable
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     MAX_CAS_BODY,
     Absent,
     Applied,
@@ -21,9 +21,9 @@ from cellactors.persistence.bucket import (
     Match,
     Rejected,
 )
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.gcs import EMULATOR_VAR, GcsBucket
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.gcs import EMULATOR_VAR, GcsBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import new_bucket_name
 from tests.fixtures_gcs import new_gcs_bucket_name
 

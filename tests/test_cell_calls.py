@@ -12,7 +12,7 @@ import pytest
 
 from cellactors import Node
 from cellactors.errors import CallCycle, MethodFailed, NodeUnavailable, RemoteOwner
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.alarm_cells import Hop, Inbox
 from tests.runtime_helpers import crash, eventually
 from tests.test_alarms import alarm_node, owner, wakes

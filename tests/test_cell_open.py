@@ -16,7 +16,7 @@ from cellactors.actors.cell import CellRuntime
 from cellactors.actors.cell_gate import CellInbox
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke, TakeImage
-from cellactors.persistence.celldb import CellDatabase
+from cellactors.persistence.celldb.database import CellDatabase
 from tests.runtime_helpers import eventually
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cellactors.persistence.celldb import CellDatabase
+from cellactors.persistence.celldb.database import CellDatabase
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import pytest
 
 from cellactors.cli import main
 from cellactors.cli.failures import EXIT_ADDRESS_IN_USE, EXIT_CREDENTIALS, EXIT_UNREACHABLE
-from cellactors.persistence.embedded import SeaweedServer, free_port
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer, free_port
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3, running_fake
 from tests.fleet_harness import COUNTER_APP
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cellactors.client import Client
-from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.store.embedded import SeaweedServer
 from tests.conftest import make_s3_bucket
 from tests.fleet_harness import Fleet, NodeProc, write_app
 

@@ -8,9 +8,9 @@ import pytest
 
 from cellactors.core import acquire
 from cellactors.core.acquire import Claim, ReadLease, Remote, confirmed, decide
-from cellactors.persistence.bucket import Absent, Match
-from cellactors.persistence.leases import NodeLease
-from cellactors.persistence.ownership import OwnerRecord
+from cellactors.persistence.control.leases import NodeLease
+from cellactors.persistence.control.ownership import OwnerRecord
+from cellactors.persistence.store.bucket import Absent, Match
 
 ME = "n1"
 NOW = 1_000_000

@@ -9,7 +9,7 @@ import pytest
 
 from cellactors.core import alarms
 from cellactors.core.alarms import Action, AlarmPolicy, Pending, Schedule, Wake, WakeState
-from cellactors.persistence.wakes import parse_wake_key, wake_key
+from cellactors.persistence.control.wakes import parse_wake_key, wake_key
 
 
 def test_retry_backs_off_exponentially_up_to_the_cap_then_abandons() -> None:

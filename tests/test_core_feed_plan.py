@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from cellactors.core import keys
 from cellactors.core.feed_plan import Collected, FeedPlan, plan_feed, plan_point
 from cellactors.core.restore_plan import (
     Hole,
@@ -18,7 +19,6 @@ from cellactors.core.restore_plan import (
     parse_listing,
 )
 from cellactors.core.retention import covered_by, retention_base
-from cellactors.persistence import keys
 
 CELL = "Counter:a"
 ROOT = keys.cell_root(CELL)

@@ -20,8 +20,8 @@ from cellactors.core.lease_rules import (
     retry_delay,
     should_fence,
 )
-from cellactors.persistence.bucket import Absent, Match
-from cellactors.persistence.leases import LeaseSnapshot, NodeLease
+from cellactors.persistence.control.leases import LeaseSnapshot, NodeLease
+from cellactors.persistence.store.bucket import Absent, Match
 
 NOW = 5_000_000
 

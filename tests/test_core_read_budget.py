@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cellactors.core.read_budget import PROVE, QuickReads
-from cellactors.persistence.celldb import CellDatabase, ReadInterrupted
+from cellactors.persistence.celldb.database import CellDatabase, ReadInterrupted
 
 
 def test_a_method_is_quick_after_its_last_runs_each_kept_the_budget() -> None:

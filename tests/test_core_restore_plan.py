@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from cellactors.core import keys
 from cellactors.core.restore_plan import (
     BatchRef,
     EpochStep,
@@ -30,9 +31,8 @@ from cellactors.core.restore_plan import (
     plan_restore,
     proven_txid,
 )
-from cellactors.persistence import keys
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.restore import collect_garbage
+from cellactors.persistence.history.restore import collect_garbage
+from cellactors.persistence.store.memory import MemoryBucket
 
 CELL = "Counter:a"
 ROOT = keys.cell_root(CELL)

@@ -14,8 +14,8 @@ import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.errors import MethodFailed, RemoteOwner
-from cellactors.persistence.runtime_tables import DeadLetter
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.celldb.runtime_tables import DeadLetter
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.alarm_cells import Account, Payer
 from tests.runtime_helpers import TTL, crash, eventually
 from tests.test_alarms import SCAN, owner, wakes

@@ -13,10 +13,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cellactors.cli import main
-from cellactors.persistence import keys, records
-from cellactors.persistence.bucket import Absent
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.core import keys
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Absent
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
 from tests.alarm_cells import Account, Payer
 from tests.runtime_helpers import eventually

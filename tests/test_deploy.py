@@ -23,7 +23,7 @@ import yaml
 
 from cellactors.cli.app_loader import load_app
 from cellactors.cli.serve import plan_listeners, serve
-from cellactors.persistence import keys
+from cellactors.core import keys
 from cellactors.server.app import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from cellactors.actors.messages import Invoke
 from cellactors.actors.node import Submitted
 from cellactors.core.idempotency import MAX_KEY_LENGTH
 from cellactors.errors import NotDurable
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from tests.cells import Counter, Slow
 from tests.runtime_helpers import eventually, make_node

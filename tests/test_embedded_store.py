@@ -15,7 +15,7 @@ import botocore.config
 import pytest
 
 from cellactors.errors import ConfigError
-from cellactors.persistence.embedded import (
+from cellactors.persistence.store.embedded import (
     SeaweedServer,
     boot_id,
     fsync_rule,
@@ -70,7 +70,7 @@ def test_a_child_started_with_die_with_parent_ends_when_its_parent_is_killed() -
             sys.executable,
             "-c",
             "import subprocess, sys, time\n"
-            "from cellactors.persistence.embedded import die_with_parent\n"
+            "from cellactors.persistence.store.embedded import die_with_parent\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
             " preexec_fn=die_with_parent)\n"
             "print(child.pid, flush=True)\n"

@@ -17,14 +17,15 @@ from click.testing import CliRunner
 from cellactors import Client
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.cli import main
+from cellactors.core import keys
 from cellactors.core.changes import Change
+from cellactors.core.txn import Txn
 from cellactors.errors import CallError, HistoryCollected
-from cellactors.persistence import keys
-from cellactors.persistence.batches import Batch, Txn, encode_batch
-from cellactors.persistence.feed import FeedReader, follow_changes, read_changes
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.restore import read_seal
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.history.batches import Batch, encode_batch
+from cellactors.persistence.history.feed import FeedReader, follow_changes, read_changes
+from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.store.memory import MemoryBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import crash, eventually, make_node
 from tests.served_nodes import served_node

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
 from tests.conftest import make_s3_bucket
 from tests.fleet_harness import (

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
-from cellactors.persistence.wakes import parse_wake_key
+from cellactors.persistence.control.wakes import parse_wake_key
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.fleet_harness import NODE_HEADER, Fleet, NodeProc, wait_for
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from cellactors.errors import BucketError
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings, build_internal_app
 from tests.runtime_helpers import eventually
 from tests.served_nodes import KEY, served_node

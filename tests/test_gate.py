@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pytest
 
 from cellactors.errors import BucketError, Fenced, NodeUnavailable, NotDurable
-from cellactors.persistence.bucket import Absent, Bucket
-from cellactors.persistence.gate import GatedBucket, _local
-from cellactors.persistence.metered import MeteredBucket
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.bucket import Absent, Bucket
+from cellactors.persistence.store.gate import GatedBucket, _local
+from cellactors.persistence.store.metered import MeteredBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import eventually, make_node
 from tests.test_runtime import CuttableBucket

@@ -15,8 +15,8 @@ import pytest
 from cellactors import Node
 from cellactors.actors import node as node_module
 from cellactors.actors.ownership import Active
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import cell_dump, crash, eventually, make_node
 from tests.test_runtime import CuttableBucket, delta

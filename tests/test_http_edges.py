@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 from cellactors.client import Client
+from cellactors.core import keys
 from cellactors.errors import BadRequest, InvalidCellId
-from cellactors.persistence import keys
 from cellactors.server.app import ServerSettings
 from tests.test_server_app import WAIT, FakeNode, Served, serving, signed_post, wait_until
 

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from cellactors import CellActor, Node
 from cellactors.cli import main
 from cellactors.errors import FAILED, UNKNOWN, BadRequest, BadResult, KeyConflict, MethodFailed
-from cellactors.persistence import calls
-from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.runtime_helpers import cell_dump, crash, eventually, make_node, owner_epoch
 from tests.test_runtime import HangingBucket, delta
 

@@ -11,7 +11,7 @@ import pytest
 from cellactors import CellActor
 from cellactors.core.idempotency import MAX_KEY_LENGTH, check_key, valid_key
 from cellactors.errors import BadRequest, CallError
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.served_nodes import served_node
 

@@ -16,11 +16,11 @@ import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.clock import StoreClock, mono, wall_ms
+from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite, BucketError, ClockSkew
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Applied, Bucket, CasResult, Guard, Match
-from cellactors.persistence.leases import LeaseStore, NodeLease
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.control.leases import LeaseStore, NodeLease
+from cellactors.persistence.store.bucket import Applied, Bucket, CasResult, Guard, Match
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import eventually
 from tests.test_runtime import CuttableBucket

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from cellactors.client import Client
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.fleet_harness import NODE_HEADER, Fleet, NodeProc, ledger_entries, wait_for, write_app
 from tests.test_metrics import parse, value

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cellactors import CellActor, read_only
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.served_nodes import served_node
 

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from cellactors.actors.metrics import UNSERVED
 from cellactors.core.types import Absent, Match
 from cellactors.errors import UnknownCell
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.metered import MeteredBucket
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.memory import MemoryBucket
+from cellactors.persistence.store.metered import MeteredBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.runtime_helpers import make_node
 from tests.served_nodes import ServedNode, served_node
 

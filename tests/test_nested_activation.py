@@ -15,7 +15,7 @@ import pytest
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.actors.ownership import OwnershipActor
 from cellactors.actors.threadpool import ElasticPool
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import TTL
 

@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.cli import main
 from cellactors.clock import wall_ms as time_ms
+from cellactors.core import keys
 from cellactors.errors import HistoryCollected, PointNotRestorable
-from cellactors.persistence import keys
-from cellactors.persistence.celldb import CellDatabase, dump
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.restore import collect_garbage, restore_at
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.celldb.database import CellDatabase, dump
+from cellactors.persistence.history.restore import collect_garbage, restore_at
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.memory import MemoryBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Sandbox
 from tests.runtime_helpers import cell_dump, crash, eventually, make_node
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from cellactors import CellActor, read_only
+from cellactors.core.txn import Txn
 from cellactors.errors import MethodFailed
-from cellactors.persistence.batches import Txn
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.runtime_helpers import crash, make_node
 
 

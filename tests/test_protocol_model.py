@@ -24,10 +24,10 @@ takeover.
 
 What is real: the ownership and lease stores, the decision functions of
 :mod:`cellactors.core` (the whole-restore planner included), the seal create/read and the
-garbage collection's choice and ownership check of :mod:`cellactors.persistence.restore`,
+garbage collection's choice and ownership check of :mod:`cellactors.persistence.history.restore`,
 and the key layout. What is simulated: batch and snapshot bodies (JSON), time, and the
 restore executor (a re-implementation over those bodies of
-:func:`cellactors.persistence.restore.restore`: list and plan in one step, fetch every body
+:func:`cellactors.persistence.history.restore.restore`: list and plan in one step, fetch every body
 in the next, list again when something listed is gone, then one seal per step).
 """
 
@@ -51,11 +51,18 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cellactors.core import acquire, lease_rules, restore_plan
+from cellactors.core import acquire, keys, lease_rules, restore_plan
 from cellactors.core.acks import AckGate
 from cellactors.errors import SealLost
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import (
+from cellactors.persistence.control.leases import LeaseStore, NodeLease
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history.restore import (
+    MAX_LISTINGS,
+    collect_garbage,
+    create_seal,
+    read_seal,
+)
+from cellactors.persistence.store.bucket import (
     Applied,
     Bucket,
     CasResult,
@@ -64,10 +71,7 @@ from cellactors.persistence.bucket import (
     ObjectInfo,
     StoredObject,
 )
-from cellactors.persistence.leases import LeaseStore, NodeLease
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import MAX_LISTINGS, collect_garbage, create_seal, read_seal
+from cellactors.persistence.store.memory import MemoryBucket
 
 CELL = "Model:one"
 ROOT = keys.cell_root(CELL)

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cellactors.cli import main
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     Bucket,
     CasResult,
     Guard,
@@ -18,9 +18,9 @@ from cellactors.persistence.bucket import (
     Rejected,
     StoredObject,
 )
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.qualify import (
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.memory import MemoryBucket
+from cellactors.persistence.store.qualify import (
     EXIT_DISQUALIFIED,
     EXIT_INCOMPLETE,
     EXIT_QUALIFIED,
@@ -30,7 +30,7 @@ from cellactors.persistence.qualify import (
     run_listing,
     verdict,
 )
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3
 from tests.faults.proxy import FaultProxy
 

@@ -25,7 +25,7 @@ from cellactors.errors import (
     NodeUnavailable,
     NotDurable,
 )
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
 from tests.runtime_helpers import eventually, make_node
 from tests.test_runtime import HangingBucket

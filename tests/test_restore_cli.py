@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from cellactors.cli import main
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import make_node
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cellactors.errors import MethodFailed
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.runtime_helpers import cell_dump, crash, eventually, make_node
 
 TABLES = {

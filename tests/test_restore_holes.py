@@ -14,13 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 from cellactors.actors.snapshots import SnapshotPolicy
+from cellactors.core import keys
 from cellactors.errors import BucketError, RestoreHole
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket, ObjectInfo, StoredObject
-from cellactors.persistence.celldb import CellDatabase, dump
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.restore import fetch_bodies, read_seal, restore
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.celldb.database import CellDatabase, dump
+from cellactors.persistence.history.restore import fetch_bodies, read_seal, restore
+from cellactors.persistence.store.bucket import Bucket, ObjectInfo, StoredObject
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy

@@ -1,4 +1,4 @@
-"""The restore executor (:func:`cellactors.persistence.restore.restore`) against holes and a
+"""The restore executor (:func:`cellactors.persistence.history.restore.restore`) against holes and a
 racing garbage collection, on an in-memory bucket with real batch, snapshot and seal
 objects: a listed object that vanishes sends it back to listing; a hole that stays fails
 the activation without writing a seal."""
@@ -14,15 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from cellactors.core import keys
+from cellactors.core.txn import Txn
 from cellactors.errors import RestoreHole
-from cellactors.persistence import keys
-from cellactors.persistence import restore as restore_module
-from cellactors.persistence.batches import Batch, Txn, encode_batch
-from cellactors.persistence.bucket import ObjectInfo, StoredObject
-from cellactors.persistence.capture import database_image
-from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.restore import (
+from cellactors.persistence.celldb.capture import database_image
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.history import restore as restore_module
+from cellactors.persistence.history.batches import Batch, encode_batch
+from cellactors.persistence.history.restore import (
     MAX_LISTINGS,
     RestoreResult,
     collect_garbage,
@@ -31,6 +30,8 @@ from cellactors.persistence.restore import (
     restore,
     seal_body,
 )
+from cellactors.persistence.store.bucket import ObjectInfo, StoredObject
+from cellactors.persistence.store.memory import MemoryBucket
 
 CELL = "Counter:a"
 ROOT = keys.cell_root(CELL)

@@ -13,6 +13,7 @@ import pytest
 
 from cellactors import Node
 from cellactors.actors.replicator import SnapshotPolicy
+from cellactors.core import keys
 from cellactors.errors import (
     BadResult,
     MethodFailed,
@@ -21,10 +22,9 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.restore import read_seal
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import (
     TTL,

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cellactors.errors import AmbiguousWrite
-from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.bucket import Absent, Applied, Match, Rejected
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3, StoredBody, etag_of
 from tests.test_s3_direct import BotoSends
 

@@ -1,4 +1,4 @@
-"""The direct path for plain S3 GETs and PUTs (:mod:`cellactors.persistence.s3_direct`):
+"""The direct path for plain S3 GETs and PUTs (:mod:`cellactors.persistence.store.s3_direct`):
 its signatures verify on real stores (SeaweedFS and moto's server), boto3 sends nothing when
 it succeeds, a request it cannot decide is sent again through boto3, a ``404`` that is not
 ``NoSuchKey`` never reads as a missing object, and a closed fence gate stops it before the
@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from cellactors.errors import BucketError, Fenced
-from cellactors.persistence.gate import GatedBucket
-from cellactors.persistence.s3 import S3Bucket
-from cellactors.persistence.s3_direct import DirectS3, ListPage, Undecided
+from cellactors.persistence.store.gate import GatedBucket
+from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 from tests.raw_server import RawServer

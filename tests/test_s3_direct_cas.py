@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from cellactors.errors import AmbiguousWrite, Fenced
-from cellactors.persistence.bucket import Absent, Applied, Match, Rejected
-from cellactors.persistence.gate import GatedBucket
-from cellactors.persistence.keepalive import Connection, StaleConnection
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.bucket import Absent, Applied, Match, Rejected
+from cellactors.persistence.store.gate import GatedBucket
+from cellactors.persistence.store.keepalive import Connection, StaleConnection
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 from tests.raw_server import RawServer

@@ -18,6 +18,7 @@ import httpx
 import msgpack
 import pytest
 
+from cellactors.core import keys
 from cellactors.errors import (
     BadResult,
     KeyConflict,
@@ -29,7 +30,6 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.persistence import keys
 from cellactors.server import signing
 from cellactors.server.app import ServerSettings, build_internal_app, build_public_app
 from cellactors.server.runner import FenceLatch, Runner

@@ -5,8 +5,8 @@ restores stay bounded."""
 from __future__ import annotations
 
 from cellactors.actors.snapshots import SnapshotPolicy
-from cellactors.persistence import keys
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.core import keys
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import eventually, make_node
 

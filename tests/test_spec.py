@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from cellactors.core import keys
 from cellactors.errors import ConfigError, InvalidCellId
-from cellactors.persistence import keys
-from cellactors.persistence.factory import StoreOptions, check_options, open_bucket
-from cellactors.persistence.gcs import GcsBucket
-from cellactors.persistence.s3 import S3Bucket
-from cellactors.persistence.spec import BucketSpec, normalise_prefix, parse_bucket_spec
+from cellactors.persistence.store.factory import StoreOptions, check_options, open_bucket
+from cellactors.persistence.store.gcs import GcsBucket
+from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.persistence.store.spec import BucketSpec, normalise_prefix, parse_bucket_spec
 
 FORMS = ("s3://BUCKET[/PREFIX]", "gs://BUCKET[/PREFIX]")
 

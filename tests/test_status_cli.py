@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from cellactors.cli import main
 from cellactors.clock import wall_ms as now_ms
 from cellactors.core.types import NodeLease
-from cellactors.persistence.bucket import Absent
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.bucket import Absent
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 
 
 def _lease(bucket: S3Bucket, node: str, expires_ms: int, load: int) -> None:

@@ -23,6 +23,7 @@ import pytest
 from cellactors import CellActor, Node
 from cellactors.actors import storage as storage_module
 from cellactors.actors.storage import probe
+from cellactors.core import keys
 from cellactors.core.storage import StorageEpisode, storage_fault_reason
 from cellactors.errors import (
     NOT_RUN,
@@ -30,12 +31,11 @@ from cellactors.errors import (
     NodeStorageFault,
     RemoteOwner,
 )
-from cellactors.persistence import keys
-from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.runtime_tables import ALARM_TABLE
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.celldb.runtime_tables import ALARM_TABLE
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.runtime_helpers import eventually, make_node
 from tests.test_metrics import parse, value
 from tests.test_runtime import delta

@@ -15,10 +15,10 @@ from cellactors.errors import (
     StoreCredentialsError,
     StoreUnreachable,
 )
-from cellactors.persistence.bucket import Absent, Bucket
-from cellactors.persistence.embedded import SeaweedServer, free_port
-from cellactors.persistence.memory import MemoryBucket
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.bucket import Absent, Bucket
+from cellactors.persistence.store.embedded import SeaweedServer, free_port
+from cellactors.persistence.store.memory import MemoryBucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3
 
 
@@ -86,7 +86,7 @@ def test_s3_a_missing_bucket_is_an_error_not_a_missing_object(seaweed: SeaweedSe
 
 
 def test_gcs_emulator_on_a_closed_port_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cellactors.persistence.gcs import EMULATOR_VAR, GcsBucket
+    from cellactors.persistence.store.gcs import EMULATOR_VAR, GcsBucket
 
     monkeypatch.setenv(EMULATOR_VAR, f"http://127.0.0.1:{free_port()}")
     bucket = GcsBucket("errs", timeout=2.0)
@@ -100,7 +100,7 @@ def test_gcs_emulator_on_a_closed_port_is_unreachable(monkeypatch: pytest.Monkey
 def test_gcs_without_application_default_credentials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cellactors.persistence.gcs import EMULATOR_VAR, GcsBucket
+    from cellactors.persistence.store.gcs import EMULATOR_VAR, GcsBucket
 
     monkeypatch.delenv(EMULATOR_VAR, raising=False)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)

@@ -9,9 +9,17 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cellactors.clock import wall_ms as now_ms
+from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite, BucketError, InvalidCellId
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import (
+from cellactors.persistence.control.leases import (
+    PEER_PROTOCOL,
+    LeaseStore,
+    NodeLease,
+    encode_lease,
+)
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.control.peer_auth import ensure_peer_key
+from cellactors.persistence.store.bucket import (
     Absent,
     Applied,
     Bucket,
@@ -22,15 +30,7 @@ from cellactors.persistence.bucket import (
     Rejected,
     StoredObject,
 )
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.leases import (
-    PEER_PROTOCOL,
-    LeaseStore,
-    NodeLease,
-    encode_lease,
-)
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.peer_auth import ensure_peer_key
+from cellactors.persistence.store.embedded import SeaweedServer
 from tests.conftest import make_s3_bucket
 from tests.fixtures_gcs import make_gcs_bucket
 

@@ -39,9 +39,9 @@ from cellactors.clock import RuntimeClock
 from cellactors.core import alarms
 from cellactors.core.alarms import Action, Wake, WakeState
 from cellactors.errors import BucketError, CallError, NodeUnavailable, StaleRoute
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.wakes import WakeStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.control.wakes import WakeStore
+from cellactors.persistence.store.bucket import Bucket
 
 #: The least time between two scans that departed entries (alarms of cells this node
 #: released) start: an alarm of such a cell fires within this of its time.

@@ -12,12 +12,12 @@ then creates the actor (:meth:`CellActor.start_unopened`) and opens it in the ac
 anyone else holds the cell. The actor's thread starts with its first message: a cell whose
 calls all run inline (read-only calls on an idle cell) never starts one.
 
-A call may carry an idempotency key (see :mod:`cellactors.persistence.calls`): a keyed call
+A call may carry an idempotency key (see :mod:`cellactors.persistence.celldb.calls`): a keyed call
 that writes is recorded in the same transaction; a later call with that key is answered
 from the record, through the same hold, without running.
 
 Alarms (``set_alarm``/``on_alarm``) and the outbox (``send``) are rows of runtime tables
-written in the call's own transaction (:mod:`cellactors.persistence.runtime_tables`); a
+written in the call's own transaction (:mod:`cellactors.persistence.celldb.runtime_tables`); a
 transaction that changed them hands its new wake state to the replicator with its commit, so
 the wake entries are written once it is durable and before its answer is released. Calls
 between cells (``self.cell(...)``) go through the node with the call chain, so a cycle is
@@ -52,7 +52,7 @@ from cellactors.actors.messages import (
 )
 from cellactors.actors.pykka_ext import LazyThreadingActor
 from cellactors.clock import RuntimeClock, StoreClock
-from cellactors.core import alarms
+from cellactors.core import alarms, keys
 from cellactors.errors import (
     UNKNOWN,
     BadRequest,
@@ -62,9 +62,9 @@ from cellactors.errors import (
     MethodFailed,
     NodeStorageFault,
 )
-from cellactors.persistence import calls, keys
-from cellactors.persistence.capture import TxnChanges
-from cellactors.persistence.celldb import CellDatabase, ReadInterrupted, to_txn
+from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.capture import TxnChanges
+from cellactors.persistence.celldb.database import CellDatabase, ReadInterrupted, to_txn
 
 log = logging.getLogger(__name__)
 

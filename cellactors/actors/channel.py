@@ -15,8 +15,8 @@ from typing import Any
 import pykka
 
 from cellactors.core.acks import AckGate, settle
+from cellactors.core.txn import Txn
 from cellactors.errors import NotDurable
-from cellactors.persistence.batches import Txn
 
 
 class Outcome:

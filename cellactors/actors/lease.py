@@ -24,8 +24,8 @@ import pykka
 from cellactors.clock import StoreClock, mono, wall_ms
 from cellactors.core import lease_rules, store_clock
 from cellactors.errors import BucketError, ClockSkew
-from cellactors.persistence.bucket import Applied, CasResult, Guard, Match
-from cellactors.persistence.leases import LeaseStore, NodeLease
+from cellactors.persistence.control.leases import LeaseStore, NodeLease
+from cellactors.persistence.store.bucket import Applied, CasResult, Guard, Match
 
 log = logging.getLogger(__name__)
 

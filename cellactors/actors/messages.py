@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from pykka.messages import ProxyCall, ProxyGetAttr
 
-from cellactors.persistence.calls import Retention
+from cellactors.persistence.celldb.calls import Retention
 
 if TYPE_CHECKING:
-    from cellactors.persistence.runtime_tables import RuntimeTables
+    from cellactors.persistence.celldb.runtime_tables import RuntimeTables
 
 
 @dataclass

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cellactors.errors import FAILED, NOT_RUN, UNKNOWN
-from cellactors.persistence.metered import MeteredBucket
+from cellactors.persistence.store.metered import MeteredBucket
 
 #: Histogram buckets in seconds (acknowledgement and call latency).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -32,7 +32,7 @@ from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.actors.storage import DEGRADED, StorageHealth
 from cellactors.clock import RuntimeClock
-from cellactors.core import acquire
+from cellactors.core import acquire, keys
 from cellactors.core import alarms as alarm_rules
 from cellactors.core.dead_letters import DeadLetterPolicy
 from cellactors.core.idempotency import check_key
@@ -56,14 +56,14 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.persistence import calls, keys
-from cellactors.persistence.bucket import Applied, Bucket
-from cellactors.persistence.celldb import remove_db_files
-from cellactors.persistence.gate import GatedBucket
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.metered import MeteredBucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.runtime_tables import DeadLetter, RuntimeTables
+from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.database import remove_db_files
+from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.bucket import Applied, Bucket
+from cellactors.persistence.store.gate import GatedBucket
+from cellactors.persistence.store.metered import MeteredBucket
 
 T = TypeVar("T")
 
@@ -1225,18 +1225,18 @@ class Node:
             self.storage.degraded,
         )
 
-    # --- change feed: logic in cellactors.persistence.feed ------------------------------
+    # --- change feed: logic in cellactors.persistence.history.feed ------------------------------
 
     def feed_reader(self, cell_id: str) -> Any:
         """A reader of ``cell_id``'s change feed through this node's gated bucket."""
-        from cellactors.persistence.feed import FeedReader
+        from cellactors.persistence.history.feed import FeedReader
 
         return FeedReader(self.gate, cell_id)
 
     def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Any:
         """The cell's acknowledged transactions after ``after`` from the bucket
-        (:func:`cellactors.persistence.feed.changes`: ``follow``, ``wait``, ...)."""
-        from cellactors.persistence.feed import changes
+        (:func:`cellactors.persistence.history.feed.changes`: ``follow``, ``wait``, ...)."""
+        from cellactors.persistence.history.feed import changes
 
         return changes(self.gate, keys.make_cell_id(cls_name, name), after, **kw)
 

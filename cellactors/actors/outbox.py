@@ -45,7 +45,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.persistence.runtime_tables import GivenUp, Message, RuntimeTables
+from cellactors.persistence.celldb.runtime_tables import GivenUp, Message, RuntimeTables
 
 
 class OutboxSettings(Protocol):

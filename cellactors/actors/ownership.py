@@ -26,6 +26,7 @@ from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWork
 from cellactors.actors.threadpool import ElasticPool
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire as acq
+from cellactors.core import keys
 from cellactors.core.alarms import WakeState
 from cellactors.core.storage import storage_fault_reason
 from cellactors.errors import (
@@ -39,12 +40,11 @@ from cellactors.errors import (
     NodeStorageFault,
     NotDurable,
 )
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Applied, Bucket
-from cellactors.persistence.celldb import CellDatabase, remove_db_files
-from cellactors.persistence.leases import LeaseStore
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import create_seal, restore
+from cellactors.persistence.celldb.database import CellDatabase, remove_db_files
+from cellactors.persistence.control.leases import LeaseStore
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history.restore import create_seal, restore
+from cellactors.persistence.store.bucket import Applied, Bucket
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class OwnershipActor(PooledActor):
     ) -> Active:
         """Restore and open the cell at ``claim.epoch``.
 
-        Each activation has its own file (:func:`~cellactors.persistence.keys.local_db_name`),
+        Each activation has its own file (:func:`~cellactors.core.keys.local_db_name`),
         so nothing done to an older activation's file (a reset discarding it, say) can touch
         this one.
 

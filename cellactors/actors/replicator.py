@@ -23,11 +23,12 @@ from cellactors.actors.messages import Flush, Kick, TakeImage
 from cellactors.actors.pykka_ext import PooledActor, queued
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.actors.threadpool import ElasticPool
+from cellactors.core import keys
+from cellactors.core.txn import Txn
 from cellactors.errors import BucketError, CallError, Fenced, NotDurable
-from cellactors.persistence import keys
-from cellactors.persistence.batches import Batch, Txn, encode_batch
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.ownership import OwnerRecord, OwnershipStore
+from cellactors.persistence.control.ownership import OwnerRecord, OwnershipStore
+from cellactors.persistence.history.batches import Batch, encode_batch
+from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger(__name__)
 

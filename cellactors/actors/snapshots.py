@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cellactors.core import keys
 from cellactors.errors import BucketError
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.restore import collect_garbage, encode_snapshot
+from cellactors.persistence.history.restore import collect_garbage, encode_snapshot
+from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from types import ModuleType
 
 from cellactors.actors.cell import CellActor
+from cellactors.core import keys
 from cellactors.errors import ConfigError
-from cellactors.persistence import keys
 
 
 def _looks_like_path(spec: str) -> bool:

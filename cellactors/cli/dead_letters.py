@@ -19,8 +19,8 @@ import httpx
 
 from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError
-from cellactors.persistence import keys
 from cellactors.server import signing
 
 NODE_ENV = "CELLACTORS_NODE_URL"
@@ -200,7 +200,7 @@ def _decoded(resp: httpx.Response) -> dict[str, Any]:
 
 def _fleet_key(store: StoreArgs) -> bytes:
     """The fleet key from the bucket (read only)."""
-    from cellactors.persistence.peer_auth import read_peer_key
+    from cellactors.persistence.control.peer_auth import read_peer_key
 
     bucket = store.open()
     try:

@@ -67,7 +67,7 @@ class DevNode:
 
 def _ports(base: int, count: int) -> list[tuple[int, int]]:
     """(public, internal) per node: BASE+i and BASE+100+i, or free ports when BASE is 0."""
-    from cellactors.persistence.embedded import free_port
+    from cellactors.persistence.store.embedded import free_port
 
     if base == 0:
         return [(free_port(), free_port()) for _ in range(count)]
@@ -204,7 +204,7 @@ def dev(
     it on loopback, until Ctrl-C (SIGINT) or SIGTERM stops them all."""
     from cellactors.cli.app_loader import load_app
     from cellactors.cli.serve import start_embedded_store
-    from cellactors.persistence.embedded import die_with_parent
+    from cellactors.persistence.store.embedded import die_with_parent
 
     setup_logging(log_level, log_format)
     try:

@@ -14,8 +14,8 @@ import click
 
 from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected
-from cellactors.persistence import keys
 from cellactors.server import codec
 
 
@@ -42,7 +42,7 @@ from cellactors.server import codec
 def feed(store: StoreArgs, cell_id: str, after: int, follow: bool, poll_interval: float) -> None:
     """Print the cell's acknowledged transactions after --after as JSON lines."""
     from cellactors.errors import FeedHole
-    from cellactors.persistence.feed import changes
+    from cellactors.persistence.history.feed import changes
 
     try:
         keys.validate_cell_id(cell_id)

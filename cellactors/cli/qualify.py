@@ -4,7 +4,7 @@ Runs the sequential contract and the list-after-write check (both dialects) and,
 ``s3://`` buckets, the concurrency hammer; exits 0 when the store qualifies, 1 when it
 broke the contract or its listings lag, 2 when the run could not complete, 4 or 5 when the
 store could not be asked at all (no usable credentials, unreachable endpoint). The logic
-lives in :mod:`cellactors.persistence.qualify`.
+lives in :mod:`cellactors.persistence.store.qualify`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import click
 from cellactors.cli.failures import store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import StoreCredentialsError, StoreUnreachable
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.qualify import (
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.qualify import (
     HammerReport,
     ListingReport,
     RoundResult,

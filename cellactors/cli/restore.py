@@ -16,12 +16,12 @@ import click
 
 from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected, PointNotRestorable
-from cellactors.persistence import keys
-from cellactors.persistence.celldb import CellDatabase
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import restore as restore_cell
-from cellactors.persistence.restore import restore_at
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history.restore import restore as restore_cell
+from cellactors.persistence.history.restore import restore_at
 
 
 def parse_time_ms(text: str) -> int:

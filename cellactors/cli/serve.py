@@ -43,7 +43,7 @@ from cellactors.cli.failures import (
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
-from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -414,7 +414,7 @@ def serve(
     from cellactors.actors.node import NodeSettings
     from cellactors.actors.snapshots import SnapshotPolicy
     from cellactors.cli.app_loader import load_app
-    from cellactors.persistence import keys
+    from cellactors.core import keys
 
     setup_logging(log_level, log_format)
     from cellactors.actors.limits import max_active_cells, raise_open_files_limit
@@ -467,8 +467,8 @@ def _run(
 ) -> int:
     """Open the store, qualify it, take the lease and serve; the exit code."""
     from cellactors.actors.node import Node
-    from cellactors.persistence.embedded import SeaweedServer
-    from cellactors.persistence.peer_auth import ensure_peer_key
+    from cellactors.persistence.control.peer_auth import ensure_peer_key
+    from cellactors.persistence.store.embedded import SeaweedServer
     from cellactors.server.app import ServerSettings
     from cellactors.server.runner import FenceLatch, serve_node
 
@@ -561,8 +561,8 @@ def _start_embedded(store: StoreArgs, data_dir: Path) -> tuple[Any, Bucket]:
 def start_embedded_store(folder: Path, store: StoreArgs) -> tuple[Any, Bucket]:
     """Start SeaweedFS under ``folder`` and create the ``cellactors`` bucket in it; the
     server and the bucket. ``cellactors dev`` shares one such store between its nodes."""
-    from cellactors.persistence.embedded import SeaweedServer
-    from cellactors.persistence.s3 import S3Bucket
+    from cellactors.persistence.store.embedded import SeaweedServer
+    from cellactors.persistence.store.s3 import S3Bucket
 
     # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
     # environment: make them, and the keys this process signs with, the same pair.
@@ -593,7 +593,7 @@ def _probe(bucket: Bucket) -> None:
     """Run the sequential conditional-write contract under ``probe/``; refuse a store
     that does not keep it."""
     from cellactors.errors import StoreCredentialsError, StoreUnreachable
-    from cellactors.persistence.qualify import run_contract
+    from cellactors.persistence.store.qualify import run_contract
 
     report = run_contract(bucket)
     if isinstance(report.cause, StoreCredentialsError | StoreUnreachable):

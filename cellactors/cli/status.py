@@ -18,11 +18,11 @@ import click
 
 from cellactors.cli.failures import CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.core import keys
 from cellactors.errors import BucketError, InvalidCellId
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.leases import ListedLease, list_leases
-from cellactors.persistence.ownership import OwnershipStore
+from cellactors.persistence.control.leases import ListedLease, list_leases
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.bucket import Bucket
 
 CELLS_PREFIX = "cells/"
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from cellactors.errors import CellactorsError
-from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.store.bucket import Bucket
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,8 +38,8 @@ class StoreArgs:
     secret_access_key: str | None = None
 
     def options(self, timeout: float = 10.0) -> Any:
-        """The persistence layer's :class:`~cellactors.persistence.factory.StoreOptions`."""
-        from cellactors.persistence.factory import StoreOptions
+        """The persistence layer's :class:`~cellactors.persistence.store.factory.StoreOptions`."""
+        from cellactors.persistence.store.factory import StoreOptions
 
         return StoreOptions(
             endpoint=self.endpoint,
@@ -53,7 +53,7 @@ class StoreArgs:
         """Open the bucket; a :class:`~cellactors.cli.failures.CommandFailed` with the exit
         code of the failure (bad spec 2, credentials 4, unreachable 5)."""
         from cellactors.cli.failures import CommandFailed, store_failure
-        from cellactors.persistence.factory import open_bucket
+        from cellactors.persistence.store.factory import open_bucket
 
         if not self.bucket:
             raise CommandFailed("--bucket is required")

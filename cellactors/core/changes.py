@@ -2,7 +2,7 @@
 transaction, with a :class:`RowChange` per row written or deleted.
 
 Plain data with their wire form, and the error for history that was collected, shared by
-the bucket reader (:mod:`cellactors.persistence.feed`), point-in-time restore, the HTTP
+the bucket reader (:mod:`cellactors.persistence.history.feed`), point-in-time restore, the HTTP
 route and the client, which must not pull in the runtime to decode them.
 """
 

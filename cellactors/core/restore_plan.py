@@ -3,7 +3,7 @@ epoch seal").
 
 The plan is pure: given what the listing shows and what the seals say, it names the batch
 objects to read for each epoch and the seal to create for each unsealed epoch. The executor
-in :mod:`cellactors.persistence.restore` reads and writes accordingly.
+in :mod:`cellactors.persistence.history.restore` reads and writes accordingly.
 """
 
 from __future__ import annotations

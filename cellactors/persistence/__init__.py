@@ -1,6 +1,6 @@
 """Everything that touches the bucket: dialects, specs, stores, batches, snapshots, restore."""
 
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     Absent,
     Applied,
     Bucket,
@@ -11,8 +11,8 @@ from cellactors.persistence.bucket import (
     Rejected,
     StoredObject,
 )
-from cellactors.persistence.factory import StoreOptions, open_bucket
-from cellactors.persistence.spec import BucketSpec, parse_bucket_spec
+from cellactors.persistence.store.factory import StoreOptions, open_bucket
+from cellactors.persistence.store.spec import BucketSpec, parse_bucket_spec
 
 __all__ = [
     "Absent",

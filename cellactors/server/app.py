@@ -45,6 +45,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cellactors.errors as errors
+from cellactors.core import keys
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,
@@ -64,7 +65,6 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.persistence import keys
 from cellactors.server import codec, fleet_page, signing
 from cellactors.server.loop_reply import LoopReply
 from cellactors.server.peer_calls import CHAIN_HEADER, decode_chain

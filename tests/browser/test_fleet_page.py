@@ -22,7 +22,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.served_nodes import ServedNode, served_node
 
 pytestmark = pytest.mark.browser

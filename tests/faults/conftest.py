@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.store.embedded import SeaweedServer
 from tests.faults.harness import FaultFleet
 
 MakeFaultFleet = Callable[..., FaultFleet]

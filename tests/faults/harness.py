@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.ledger import Ledger, check_ledgers
 from tests.faults.proxy import FaultProxy, Request

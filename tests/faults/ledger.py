@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from cellactors.persistence import keys
+from cellactors.core import keys
 from tests.faults.proxy import Request
 from tests.fleet_harness import NODE_HEADER, ledger_entries
 

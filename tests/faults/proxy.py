@@ -3,7 +3,7 @@
 It sits between one ``cellactors serve`` process (``--endpoint`` points at the proxy) and a
 real SeaweedFS. Requests are forwarded byte for byte (Host and every signed header kept, so
 SigV4 still verifies); each is classified into a *kind* (the key classes of
-:func:`cellactors.persistence.metered.key_kind`, plus ``list`` and ``delete``) and matched
+:func:`cellactors.persistence.store.metered.key_kind`, plus ``list`` and ``delete``) and matched
 against rules the test adds and removes at run time. A rule applies one action:
 
 - :class:`Delay`: wait, then forward;
@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-from cellactors.persistence.metered import key_kind
+from cellactors.persistence.store.metered import key_kind
 
 #: Every kind a request can be classified as.
 KINDS = frozenset(

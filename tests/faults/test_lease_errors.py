@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cellactors.persistence.embedded import SeaweedServer
+from cellactors.persistence.store.embedded import SeaweedServer
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, FaultNode, keeps_serving, warm
 from tests.faults.ledger import Ledger

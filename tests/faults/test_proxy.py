@@ -16,9 +16,9 @@ import boto3
 import pytest
 
 from cellactors.errors import AmbiguousWrite
-from cellactors.persistence.bucket import Absent, Applied, CasResult, Match, Rejected
-from cellactors.persistence.embedded import SeaweedServer
-from cellactors.persistence.s3 import S3Bucket
+from cellactors.persistence.store.bucket import Absent, Applied, CasResult, Match, Rejected
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy, classify
 from tests.fleet_harness import wait_for

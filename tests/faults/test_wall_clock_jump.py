@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cellactors.persistence import keys
+from cellactors.core import keys
 from tests.clockshift import WallShift, build
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, FaultNode, warm

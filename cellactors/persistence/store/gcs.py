@@ -36,7 +36,7 @@ from cellactors.errors import (
     StoreCredentialsError,
     StoreUnreachable,
 )
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     MAX_CAS_BODY,
     Absent,
     Applied,

@@ -6,7 +6,7 @@ with plain GETs after one listing, and every activation lists its cell. Through 
 client a GET costs about 0.6 ms of CPU (parameter validation, endpoint rules, event hooks,
 response parsing) and a listing of 1,000 keys about 90 ms (mostly parsing each key's
 timestamp). Signed here with AWS Signature Version 4, sent and read by
-:mod:`cellactors.persistence.keepalive` and parsed with ElementTree, a GET costs about
+:mod:`cellactors.persistence.store.keepalive` and parsed with ElementTree, a GET costs about
 0.18 ms and that listing about 20 ms. On a small machine that CPU is what limits a node's
 writes, activations and restores per second.
 
@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cellactors.clock import StoreClock, mono
-from cellactors.persistence.bucket import ObjectInfo, StoredObject
-from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.keepalive import (
+from cellactors.persistence.store.bucket import ObjectInfo, StoredObject
+from cellactors.persistence.store.gate import refuse_if_fenced
+from cellactors.persistence.store.keepalive import (
     ConnectionPool,
     Response,
     StaleConnection,

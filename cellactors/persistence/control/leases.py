@@ -12,10 +12,11 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from cellactors.core import keys
 from cellactors.core.types import PEER_PROTOCOL, LeaseSnapshot, NodeLease
 from cellactors.errors import BucketError, InvalidCellId
-from cellactors.persistence import keys, records
-from cellactors.persistence.bucket import Bucket, CasResult, Guard
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Bucket, CasResult, Guard
 
 __all__ = [
     "PEER_PROTOCOL",

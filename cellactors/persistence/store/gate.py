@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cellactors.errors import Fenced
-from cellactors.persistence.bucket import Bucket, CasResult, Guard, ObjectInfo, StoredObject
+from cellactors.persistence.store.bucket import Bucket, CasResult, Guard, ObjectInfo, StoredObject
 
 # The gate of the request this thread is making, so that a dialect's own retries (botocore
 # retries a failed PUT inside one call) are refused too once the gate closes mid-call.

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from cellactors.errors import AmbiguousWrite
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     Bucket,
     CasResult,
     Guard,

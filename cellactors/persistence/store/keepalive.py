@@ -1,6 +1,6 @@
 """Keep-alive HTTP/1.1 connections to one store, for the direct S3 path.
 
-The direct path (:mod:`cellactors.persistence.s3_direct`) sends small requests whose
+The direct path (:mod:`cellactors.persistence.store.s3_direct`) sends small requests whose
 answers always declare their length: S3 objects and listings. Reading such an answer needs
 only its status line, a few headers and exactly ``Content-Length`` bytes, so this module
 does just that on a plain (or TLS) socket, at about half the CPU of :mod:`http.client`

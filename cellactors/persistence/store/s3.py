@@ -20,7 +20,7 @@ import botocore.httpsession
 
 from cellactors.clock import StoreClock, mono, shared_store_clock
 from cellactors.errors import AmbiguousWrite, BucketError, StoreCredentialsError, StoreUnreachable
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     MAX_CAS_BODY,
     Absent,
     Applied,
@@ -35,8 +35,8 @@ from cellactors.persistence.bucket import (
     join_prefix,
     strip_prefix,
 )
-from cellactors.persistence.gate import refuse_if_fenced
-from cellactors.persistence.s3_direct import DirectS3, ListPage, Unanswered, Undecided
+from cellactors.persistence.store.gate import refuse_if_fenced
+from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Unanswered, Undecided
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -153,7 +153,7 @@ def _direct(
     session: Any, plain: Any, endpoint: str | None, timeout: float, clock: StoreClock
 ) -> DirectS3 | None:
     """The direct client for plain GETs and PUTs, where it may be used
-    (:mod:`cellactors.persistence.s3_direct`)."""
+    (:mod:`cellactors.persistence.store.s3_direct`)."""
     if not DirectS3.usable(endpoint):
         return None
     credentials = session.get_credentials()

@@ -4,7 +4,7 @@ The runtime owns transactions. User code gets a sqlite-utils ``Database`` over a
 whose ``commit``/``rollback``/context manager are inert, so library helpers that wrap their
 work in ``with conn:`` cannot commit half a call. An authorizer refuses what capture could
 not replicate (virtual tables, ATTACH), explicit transaction control, and writes to the
-runtime's own tables (:mod:`cellactors.persistence.calls`), with a clear error.
+runtime's own tables (:mod:`cellactors.persistence.celldb.calls`), with a clear error.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any, Literal, TypeVar
 import sqlite_utils
 
 from cellactors.core.storage import storage_fault_reason
+from cellactors.core.txn import Txn
 from cellactors.errors import NodeStorageFault, Refused, TransactionLost
-from cellactors.persistence import capture
-from cellactors.persistence.batches import Txn
-from cellactors.persistence.calls import RESERVED_PREFIX, CallLog
-from cellactors.persistence.runtime_tables import RUNTIME_SQL, RuntimeTables
+from cellactors.persistence.celldb import capture
+from cellactors.persistence.celldb.calls import RESERVED_PREFIX, CallLog
+from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL, RuntimeTables
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from cellactors.core import feed_plan, restore_plan, retention
+from cellactors.core import feed_plan, keys, restore_plan, retention
 from cellactors.errors import (
     AmbiguousWrite,
     BucketError,
@@ -30,10 +30,10 @@ from cellactors.errors import (
     RestoreHole,
     SealLost,
 )
-from cellactors.persistence import keys, records
-from cellactors.persistence.batches import decode_batch
-from cellactors.persistence.bucket import Absent, Applied, Bucket, StoredObject
-from cellactors.persistence.celldb import CellDatabase
+from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.history.batches import decode_batch
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Absent, Applied, Bucket, StoredObject
 
 SNAPSHOT_VERSION = 1
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import secrets
 
+from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite, BucketError
-from cellactors.persistence import keys, records
-from cellactors.persistence.bucket import Absent, Bucket
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Absent, Bucket
 
 
 def _read_key(bucket: Bucket) -> bytes | None:

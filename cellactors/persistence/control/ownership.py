@@ -10,10 +10,11 @@ so the body never repeats and a stale ETag cannot match again (ABA).
 
 from __future__ import annotations
 
+from cellactors.core import keys
 from cellactors.core.types import OwnerRecord
 from cellactors.errors import BucketError
-from cellactors.persistence import keys, records
-from cellactors.persistence.bucket import Bucket, CasResult, Guard, Match, Rejected
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Bucket, CasResult, Guard, Match, Rejected
 
 __all__ = ["OwnerRecord", "OwnershipStore"]
 

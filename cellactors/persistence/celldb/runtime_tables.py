@@ -9,7 +9,7 @@ the user's writes: an alarm set, a message sent or a letter moved exists exactly
 transaction that did it is durable, and survives a takeover. Each is created by its first
 use (that transaction is a schema change, so its batch carries a database image); cells
 that never use them never have them. User SQL may read them but not write them
-(:mod:`cellactors.persistence.celldb`).
+(:mod:`cellactors.persistence.celldb.database`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellactors.core.alarms import Pending, Wake, WakeState
-from cellactors.persistence import calls
+from cellactors.persistence.celldb import calls
 
 ALARM_TABLE = "_cellactors_alarm"
 ALARM_SQL = (

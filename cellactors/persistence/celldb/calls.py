@@ -6,7 +6,7 @@ like any other, so it ships in the same batch as the call's writes (no extra req
 restored with them on any node: a retry after a failover finds it. A call whose key is
 recorded is answered from the record without running.
 
-The table is the runtime's: user SQL may read it, but :mod:`cellactors.persistence.celldb`
+The table is the runtime's: user SQL may read it, but :mod:`cellactors.persistence.celldb.database`
 refuses user writes to it. Retention is bounded by a window and a per-cell cap; expired and
 excess rows are collected inside ordinary write transactions, a bounded number at a time.
 """

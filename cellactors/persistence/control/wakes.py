@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from cellactors.core import keys
 from cellactors.core.alarms import Wake
 from cellactors.errors import InvalidCellId
-from cellactors.persistence import keys
-from cellactors.persistence.bucket import Bucket
+from cellactors.persistence.store.bucket import Bucket
 
 WAKE_PREFIX = "wake/"
 #: At most this many due entries are taken by one scan (the rest wait for the next one).

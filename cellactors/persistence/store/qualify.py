@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from cellactors.persistence.bucket import Absent, Applied, Bucket, Guard, Match, Rejected
-from cellactors.persistence.keys import PROBE_PREFIX
+from cellactors.core.keys import PROBE_PREFIX
+from cellactors.persistence.store.bucket import Absent, Applied, Bucket, Guard, Match, Rejected
 
 EXIT_QUALIFIED = 0
 EXIT_DISQUALIFIED = 1

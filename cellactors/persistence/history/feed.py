@@ -20,19 +20,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cellactors.core import feed_plan, restore_plan
+from cellactors.core import feed_plan, keys, restore_plan
 from cellactors.core.changes import Change, RowChange
+from cellactors.core.txn import Txn
 from cellactors.errors import BucketError, FeedHole, HistoryCollected
-from cellactors.persistence import keys
-from cellactors.persistence.batches import Batch, Txn, decode_batch
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.ownership import OwnershipStore
-from cellactors.persistence.restore import (
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history.batches import Batch, decode_batch
+from cellactors.persistence.history.restore import (
     FETCH_WORKERS,
     collected_error,
     fetch_bodies,
     read_seal,
 )
+from cellactors.persistence.store.bucket import Bucket
 
 __all__ = [
     "Change",

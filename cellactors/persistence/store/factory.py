@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cellactors.errors import ConfigError
-from cellactors.persistence.bucket import Bucket
-from cellactors.persistence.spec import BucketSpec, parse_bucket_spec
+from cellactors.persistence.store.bucket import Bucket
+from cellactors.persistence.store.spec import BucketSpec, parse_bucket_spec
 
 _S3_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
@@ -82,10 +82,10 @@ def open_bucket(
     check_options(parsed, opts, environ)
     with _open_lock:
         if parsed.is_gcs:
-            from cellactors.persistence.gcs import GcsBucket
+            from cellactors.persistence.store.gcs import GcsBucket
 
             return GcsBucket(parsed.bucket, parsed.prefix, timeout=opts.timeout)
-        from cellactors.persistence.s3 import S3Bucket
+        from cellactors.persistence.store.s3 import S3Bucket
 
         return S3Bucket(
             parsed.bucket,

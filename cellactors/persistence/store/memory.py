@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from cellactors.persistence.bucket import (
+from cellactors.persistence.store.bucket import (
     Absent,
     Applied,
     Bucket,
