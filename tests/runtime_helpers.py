@@ -8,6 +8,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from cellactors import Node, NodeSettings
+from cellactors.actors.host import CellHost
+from cellactors.actors.node.activations import Dormant
+from cellactors.actors.ownership import Active
 from cellactors.core.types import Applied, Match
 from cellactors.persistence.celldb.database import dump
 from cellactors.persistence.control.leases import LeaseStore
@@ -62,12 +65,31 @@ def eventually(fn: Callable[[], T], timeout: float = 15.0, interval: float = 0.0
 
 
 def cell_dump(node: Node, cell_id: str) -> dict[str, Any]:
-    host = node._hosts[cell_id]
-    assert host.active is not None
-    return dump(host.active.runtime.database.db)
+    return dump(active_of(node, cell_id).runtime.database.db)
 
 
 def owner_epoch(node: Node, cell_id: str) -> tuple[str, int]:
     rec = node.ownership.read_owner(cell_id)
     assert rec is not None
     return rec.node, rec.epoch
+
+
+def host_of(node: Node, cell_id: str) -> CellHost:
+    """The cell's activation on ``node`` (it must have one)."""
+    host = node.activations.host(cell_id)
+    assert host is not None, f"{cell_id} has no activation on {node.node_id}"
+    return host
+
+
+def active_of(node: Node, cell_id: str) -> Active:
+    """The cell, open on ``node`` (it must be)."""
+    active = host_of(node, cell_id).active
+    assert active is not None, f"{cell_id} is not open on {node.node_id}"
+    return active
+
+
+def dormant_of(node: Node, cell_id: str) -> Dormant:
+    """The cell, hibernating on ``node`` (it must be)."""
+    dormant = node.activations.dormant(cell_id)
+    assert dormant is not None, f"{cell_id} does not hibernate on {node.node_id}"
+    return dormant

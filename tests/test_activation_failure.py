@@ -38,7 +38,7 @@ def test_on_activate_raising_fails_the_activation_and_leaves_nothing(
             node.cell(Broken, "b").get()
         assert info.value.outcome == "not_run" and not info.value.retryable
         eventually(lambda: pykka.ActorRegistry.get_by_class(Broken) == [])
-        assert "Broken:b" not in node._hosts
+        assert node.activations.host("Broken:b") is None
         assert not list(node.cells_dir.glob("Broken:b.*"))
         assert node.cell(Counter, "ok").increment(name="x") == 1  # the node serves on
     finally:
@@ -60,7 +60,7 @@ def test_on_activate_whose_write_cannot_be_proven_fails_the_activation_as_not_ru
             node.cell(Counter, "a").increment("x")
         assert info.value.outcome == "not_run"
         assert time.monotonic() - started < 5.0
-        assert "Counter:a" not in node._hosts
+        assert node.activations.host("Counter:a") is None
         slow.hang = False
         slow.release.set()
         # The next call activates it again; the unproven table creation is harmless either

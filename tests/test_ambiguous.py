@@ -88,7 +88,7 @@ def test_lease_renewal_whose_answer_is_lost_does_not_fence(sw_bucket: S3Bucket) 
     lossy = LossyBucket(sw_bucket)
     fenced = threading.Event()
     node = make_node(lossy, "n1")
-    node._on_fence = lambda reason: fenced.set()
+    node.on_fence = lambda reason: fenced.set()
     try:
         renewals = node.lease.proxy().renewals.get()
         lossy.which, lossy.times = (lambda key: key == keys.lease_key("n1")), 2

@@ -22,7 +22,7 @@ from cellactors.errors import NotDurable
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from tests.cells import Counter, Slow
-from tests.runtime_helpers import eventually, make_node
+from tests.runtime_helpers import active_of, eventually, make_node
 from tests.served_nodes import ServedNode, served_node
 
 
@@ -153,7 +153,7 @@ def node(sw_bucket: S3Bucket) -> Iterator[Node]:
 
 def _submitted(node: Node, **changes: Any) -> Submitted:
     """A submitted call that was never sent (the tests set its state by hand)."""
-    active = node._hosts["Counter:a"].active
+    active = active_of(node, "Counter:a")
     assert active is not None
     invoke = Invoke("get", (), {"name": "x"}, pykka.ThreadingFuture())
     sub = Submitted("Counter", "get", invoke, active, 0.0, float("inf"))

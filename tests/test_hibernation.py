@@ -13,12 +13,20 @@ from typing import Any
 import pytest
 
 from cellactors import Node
-from cellactors.actors import node as node_module
+from cellactors.actors.node import collector as collector_module
 from cellactors.actors.ownership import Active
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
-from tests.runtime_helpers import cell_dump, crash, eventually, make_node
+from tests.runtime_helpers import (
+    active_of,
+    cell_dump,
+    crash,
+    dormant_of,
+    eventually,
+    host_of,
+    make_node,
+)
 from tests.test_runtime import CuttableBucket, delta
 
 CELL = "Counter:a"
@@ -51,7 +59,7 @@ def test_a_hibernated_cell_holds_nothing_and_wakes_with_no_request(sw_bucket: S3
         assert cell.increment("x") == 1
         threads = threading.active_count()
         assert open_cell_files(node.cells_dir) != []
-        host = node._hosts[CELL]
+        host = host_of(node, CELL)
         active, ownership = host.active, host.ownership
         assert active is not None and ownership is not None
         assert node.hibernate(CELL)
@@ -134,7 +142,7 @@ def test_a_changed_file_is_not_resumed(sw_bucket: S3Bucket) -> None:
         cell = node.cell(Counter, "a")
         cell.increment("x")
         assert node.hibernate(CELL)
-        dormant = node._dormant[CELL]
+        dormant = dormant_of(node, CELL)
         with open(dormant.copy.path, "ab") as fh:
             fh.write(b"\0" * 4096)  # anything may have happened to it: not provably current
         assert cell.increment("x") == 2  # restored from the bucket at the next epoch
@@ -167,11 +175,11 @@ def test_a_store_error_releasing_a_hibernated_cell_keeps_nothing_unproven(
         for _ in range(3):
             cell.increment("x")
         assert node.hibernate(CELL)
-        path = node._dormant[CELL].copy.path
+        path = dormant_of(node, CELL).copy.path
         cut.cut = True
-        node._release_dormant(CELL)
+        node.activations.release_dormant(CELL)
         cut.cut = False
-        assert node.hibernated_cells() == 0 and CELL not in node._local
+        assert node.hibernated_cells() == 0 and node.activations.local_copy(CELL) is None
         assert not path.exists()
         assert owner(sw_bucket) == ("n1", 1)  # nothing was written
         assert cell.increment("x") == 4
@@ -185,7 +193,7 @@ def written_cell(node: Node) -> tuple[Any, Active]:
     """Counter ``a`` on ``node``, written once (so it is active there), and its activation."""
     cell = node.cell(Counter, "a")
     assert cell.increment("x") == 1
-    active = node._hosts[CELL].active
+    active = active_of(node, CELL)
     assert active is not None
     return cell, active
 
@@ -193,7 +201,7 @@ def written_cell(node: Node) -> tuple[Any, Active]:
 def test_an_idle_resident_cell_trims_its_caches_once_per_idle_period(
     sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    monkeypatch.setattr(collector_module, "TRIM_AFTER_S", 0.1)
     node = make_node(sw_bucket, "n1", hibernate_timeout=10, idle_timeout=60)
     try:
         cell, active = written_cell(node)
@@ -213,7 +221,7 @@ def test_a_failing_trim_leaves_the_reaper_hibernating_cells(
 ) -> None:
     # The trim runs in the node's reaper: a cell whose trim fails must not stop the reaper.
     caplog.set_level(logging.ERROR, logger="cellactors.actors.cell")
-    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    monkeypatch.setattr(collector_module, "TRIM_AFTER_S", 0.1)
     node = make_node(sw_bucket, "n1", hibernate_timeout=1.5, idle_timeout=60)
     try:
         cell, active = written_cell(node)

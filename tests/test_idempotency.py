@@ -22,7 +22,7 @@ from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import cell_dump, crash, eventually, make_node, owner_epoch
+from tests.runtime_helpers import active_of, cell_dump, crash, eventually, make_node, owner_epoch
 from tests.test_runtime import HangingBucket, delta
 
 WALLET = "Wallet:w"
@@ -80,7 +80,7 @@ def call(node: Node, method: str, key: str | None = None, **kwargs: Any) -> Any:
 
 
 def committed(node: Node) -> int:
-    return int(node._hosts[WALLET].active.runtime.channel.committed)  # type: ignore[union-attr]
+    return int(active_of(node, WALLET).runtime.channel.committed)
 
 
 def test_same_key_twice_is_one_effect_with_the_same_answer(sw_bucket: S3Bucket) -> None:
@@ -195,7 +195,7 @@ def test_a_replayed_answer_waits_for_the_record_to_be_durable(sw_bucket: S3Bucke
         ]
         for t in threads:
             t.start()
-        channel = node._hosts[WALLET].active.runtime.channel  # type: ignore[union-attr]
+        channel = active_of(node, WALLET).runtime.channel
         # Both calls were handled: one committed, one answered from the uncommitted record;
         # both answers are held behind the upload that hangs.
         eventually(lambda: channel.committed == 3 and len(channel.gate._held) == 2)

@@ -120,7 +120,7 @@ def test_long_ids_activate_passivate_hibernate_and_move(
         assert a.state()["cells"][0]["restored_from"] == "hibernated"
 
         assert a.passivate(cell_id)
-        eventually(lambda: cell_id in a._local, timeout=5)
+        eventually(lambda: a.activations.local_copy(cell_id) is not None, timeout=5)
         assert cell.increment("x") == 3
         assert a.state()["cells"][0]["restored_from"] == "local"
         assert owner_epoch(a, cell_id) == ("la", first_epoch + 1)
@@ -131,7 +131,7 @@ def test_long_ids_activate_passivate_hibernate_and_move(
         assert owner_epoch(b, cell_id) == ("lb", first_epoch + 2)
 
         assert b.passivate(cell_id)
-        eventually(lambda: cell_id in b._local, timeout=5)
+        eventually(lambda: b.activations.local_copy(cell_id) is not None, timeout=5)
         assert b.cell(Counter, name).get("x") == 4
         assert owner_epoch(b, cell_id) == ("lb", first_epoch + 3)
         assert [p.name for p in b.cells_dir.iterdir()] == [

@@ -12,7 +12,7 @@ from cellactors import CellActor, read_only
 from cellactors.core.txn import Txn
 from cellactors.errors import MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import crash, make_node
+from tests.runtime_helpers import active_of, crash, make_node
 
 
 class Versioned(CellActor):
@@ -57,7 +57,7 @@ def test_a_header_pragma_that_changes_ships_an_image_and_a_plain_write_does_not(
     a.register(Versioned)
     try:
         a.call("Versioned", "v", "put", {"k": "x", "v": 1})
-        active = a._hosts["Versioned:v"].active
+        active = active_of(a, "Versioned:v")
         assert active is not None
         shipped: list[bool] = []
         commit = active.runtime.channel.commit

@@ -15,8 +15,8 @@ import pytest
 
 import cellactors
 from cellactors import CellActor, Node, read_only
-from cellactors.actors import node as node_module
 from cellactors.actors.messages import Invoke
+from cellactors.actors.node import collector as collector_module
 from cellactors.errors import (
     FAILED,
     NOT_RUN,
@@ -27,7 +27,7 @@ from cellactors.errors import (
 )
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
-from tests.runtime_helpers import eventually, make_node
+from tests.runtime_helpers import active_of, eventually, host_of, make_node
 from tests.test_runtime import HangingBucket
 
 
@@ -211,12 +211,12 @@ def cell_threads(before: set[threading.Thread]) -> list[threading.Thread]:
 def test_a_cell_only_read_holds_no_thread_until_its_first_write(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "TRIM_AFTER_S", 0.1)
+    monkeypatch.setattr(collector_module, "TRIM_AFTER_S", 0.1)
     before = set(threading.enumerate())
     # Activated by a read: on_activate (which creates the table) runs in the activating
     # thread, the read in this one; the idle trim runs in the node's reaper.
     assert node.call("Reads", "a", "where") == threading.get_ident()
-    active = node._hosts["Reads:a"].active
+    active = active_of(node, "Reads:a")
     assert active is not None
     eventually(lambda: active.runtime.database.trims == 1, timeout=5)
     assert cell_threads(before) == []
@@ -240,7 +240,7 @@ def test_a_fence_stops_cells_only_read_without_starting_their_threads(
         assert node.call("Reads", name, "value", {"k": "a"}) == 0
     cells = []
     for name in names:
-        active = node._hosts[f"Reads:{name}"].active
+        active = active_of(node, f"Reads:{name}")
         assert active is not None
         cells.append(active.cell)
     node.fence("test: fenced")
@@ -258,7 +258,7 @@ def test_a_busy_cell_takes_the_read_only_call_in_its_own_thread(node: Node) -> N
 
     holder = threading.Thread(target=call, args=("hold",), daemon=True)
     holder.start()
-    active = node._hosts["Reads:a"].active
+    active = active_of(node, "Reads:a")
     assert active is not None
     inbox = cast(queue.Queue[Any], active.cell.actor_inbox)
     eventually(lambda: inbox.qsize() == 0 and not Reads.gate.is_set())
@@ -314,7 +314,7 @@ def test_a_read_only_call_after_the_lease_deadline_fences_instead_of_answering(
     """The lease rule holds for calls that run inline too: a process whose lease deadline
     passed (resumed after a pause) answers no read from its local state."""
     fenced = threading.Event()
-    node._on_fence = lambda reason: fenced.set()
+    node.on_fence = lambda reason: fenced.set()
     node.call("Reads", "a", "put", {"k": "a", "v": 1})
     node.deadline.value = time.monotonic() - 1
 
@@ -363,7 +363,7 @@ def _invoke(method: str, **kwargs: Any) -> Invoke:
 
 def test_a_stopped_cell_runs_nothing_inline(node: Node) -> None:
     node.call("Reads", "a", "put", {"k": "a", "v": 1})
-    active = node._hosts["Reads:a"].active
+    active = active_of(node, "Reads:a")
     assert active is not None and active.runtime.run_inline is not None
     assert node.passivate("Reads:a")
     invoke = _invoke("value", k="a")
@@ -377,7 +377,7 @@ def test_putting_a_cell_away_waits_for_the_read_running_inline(node: Node) -> No
     Reads.gate = threading.Event()
     Reads.entered.clear()
     node.call("Reads", "a", "put", {"k": "a", "v": 3})
-    active = node._hosts["Reads:a"].active
+    active = active_of(node, "Reads:a")
     assert active is not None and active.runtime.run_inline is not None
     invoke = _invoke("slow_value", k="a")
     reader = threading.Thread(target=active.runtime.run_inline, args=(invoke,), daemon=True)
@@ -404,7 +404,7 @@ def test_a_reset_waits_for_the_read_running_inline_before_it_drops_the_file(
     Reads.gate = threading.Event()
     Reads.entered.clear()
     node.call("Reads", "a", "put", {"k": "a", "v": 3})
-    host = node._hosts["Reads:a"]
+    host = host_of(node, "Reads:a")
     assert host.active is not None
     path = host.active.runtime.database.path
     answers: list[object] = []
@@ -418,7 +418,7 @@ def test_a_reset_waits_for_the_read_running_inline_before_it_drops_the_file(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert Reads.entered.wait(10)
-    node._reset(host, NotDurable("test: an upload could not be proven"))
+    node.activations.reset(host, NotDurable("test: an upload could not be proven"))
     eventually(lambda: host.active is not None and not host.active.cell.is_alive())
     reader.join(0.3)
     assert path.exists()  # not while the read runs on it

@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from cellactors import Node
+from cellactors.actors.node.calls import await_answer
 from cellactors.actors.replicator import SnapshotPolicy
 from cellactors.core import keys
 from cellactors.errors import (
@@ -28,10 +29,12 @@ from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import (
     TTL,
+    active_of,
     cell_dump,
     crash,
     eventually,
     expire_lease,
+    host_of,
     make_node,
     owner_epoch,
 )
@@ -79,7 +82,7 @@ def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
     try:
         cell = node.cell(Counter, "a")
         cell.increment("warm")
-        host = node._hosts[CELL]
+        host = host_of(node, CELL)
         assert host.active is not None
         channel = host.active.runtime.channel
         start = channel.committed
@@ -202,7 +205,7 @@ def test_losing_the_store_self_fences_within_ttl(sw_bucket: S3Bucket) -> None:
     cut = CuttableBucket(sw_bucket)
     fenced = threading.Event()
     node = make_node(cut, "n1")
-    node._on_fence = lambda reason: fenced.set()
+    node.on_fence = lambda reason: fenced.set()
     try:
         cell = node.cell(Counter, "a")
         cell.increment("x")
@@ -245,7 +248,7 @@ def test_passivation_reuses_provably_current_local_copy(sw_bucket: S3Bucket) -> 
         cell = node.cell(Counter, "a")
         assert cell.increment("x") == 1
         eventually(lambda: owner_epoch(node, CELL) == ("", 1), timeout=5)
-        eventually(lambda: CELL in node._local, timeout=5)
+        eventually(lambda: node.activations.local_copy(CELL) is not None, timeout=5)
         assert cell.increment("x") == 2
         assert node.state()["cells"][0]["restored_from"] == "local"
         assert owner_epoch(node, CELL) == ("n1", 2)
@@ -418,7 +421,7 @@ def test_a_call_after_the_lease_deadline_fences_instead_of_answering(sw_bucket: 
 
     fenced = threading.Event()
     node = make_node(sw_bucket, "n1")
-    node._on_fence = lambda reason: fenced.set()
+    node.on_fence = lambda reason: fenced.set()
     try:
         cell = node.cell(Counter, "a")
         cell.increment("x")
@@ -521,7 +524,7 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
     node.register(Slow)
     try:
         assert node.call("Slow", "a", "get") == 2
-        active = node._hosts["Slow:a"].active
+        active = active_of(node, "Slow:a")
         assert active is not None
         threading.Thread(target=node.call, args=("Slow", "a", "hold"), daemon=True).start()
         inbox = cast(queue.Queue[Any], active.cell.actor_inbox)
@@ -535,7 +538,7 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
         active.cell.tell(invoke)
         Slow.gate.set()
         started = time.monotonic()
-        delivered, _ = node._await(invoke, active, time.monotonic() + 20)
+        delivered, _ = await_answer(invoke, active, time.monotonic() + 20)
         assert not delivered and time.monotonic() - started < 5
         stopper.join(10)
         assert node.call("Slow", "a", "get") == 2  # routed again: a new activation answers

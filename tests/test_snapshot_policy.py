@@ -8,7 +8,7 @@ from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import keys
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
-from tests.runtime_helpers import eventually, make_node
+from tests.runtime_helpers import eventually, host_of, make_node
 
 CELL = "Counter:a"
 
@@ -45,7 +45,7 @@ def test_chain_is_counted_across_a_passivation_on_one_node(sw_bucket: S3Bucket) 
         assert a.passivate(CELL)
         for _ in range(4):
             a.cell(Counter, "a").increment("x")
-        host = a._hosts[CELL]
+        host = host_of(a, CELL)
         assert host.active is not None and host.active.restored_from == "local"
         eventually(lambda: len(snapshots(sw_bucket)) == 1, timeout=10)
     finally:

@@ -23,7 +23,7 @@ import pytest
 from cellactors import CellActor, Node
 from cellactors.actors import storage as storage_module
 from cellactors.actors.storage import probe
-from cellactors.core import keys
+from cellactors.core import keys, placement
 from cellactors.core.storage import StorageEpisode, storage_fault_reason
 from cellactors.errors import (
     NOT_RUN,
@@ -36,7 +36,7 @@ from cellactors.persistence.celldb.runtime_tables import ALARM_TABLE
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import eventually, make_node
+from tests.runtime_helpers import eventually, host_of, make_node
 from tests.test_metrics import parse, value
 from tests.test_runtime import delta
 
@@ -176,7 +176,7 @@ def test_the_probe_writes_syncs_and_deletes(tmp_path: Path) -> None:
 
 
 def database_of(node: Node, cell_id: str) -> CellDatabase:
-    host = node._hosts[cell_id]
+    host = host_of(node, cell_id)
     assert host.active is not None
     return host.active.runtime.database
 
@@ -418,7 +418,7 @@ def test_a_failing_restore_releases_the_cell_and_a_degraded_node_places_on_healt
         assert OwnershipStore(sw_bucket, "reader").read_owner("Sandbox:new") is None
         assert a.call("Sandbox", "x", "run", {"statements": ["SELECT 1"]}, forwarded=True) == 1
         # A healthy node never places a cell on a degraded peer, even when it is full.
-        assert a._roomy_peer() is None
+        assert placement.roomy_peer(a.leases.read_capacity_peers(), 10_000) is None
         # A call a peer forwarded to the degraded node is refused there (no third hop).
         with pytest.raises(NodeStorageFault, match="takes no new cells"):
             b.call("Sandbox", "fwd", "run", {"statements": ["SELECT 1"]}, forwarded=True)

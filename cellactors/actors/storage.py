@@ -18,16 +18,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cellactors.core.storage import StorageEpisode
+from cellactors.core.storage import DEGRADED, HEALTHY, StorageEpisode
 
 log = logging.getLogger(__name__)
 
 #: Bytes the probe writes: a few of SQLite's pages, so that a directory with room for a
 #: handful of bytes only does not pass for one that can take a cell's writes again.
 PROBE_BYTES = 64 * 1024
-#: The lease ``load`` value of a degraded node (key ``storage``).
-DEGRADED = "degraded"
-HEALTHY = "ok"
 
 
 def probe(directory: Path, size: int = PROBE_BYTES) -> str | None:

@@ -14,6 +14,11 @@ import sqlite3
 from dataclasses import dataclass
 
 #: OS errors of the storage itself (not of the request): no space, I/O, read-only, quota.
+#: The lease ``load`` value (key ``storage``) of a node whose local storage is failing, and of
+#: one whose storage is fine.
+DEGRADED = "degraded"
+HEALTHY = "ok"
+
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT})
 
 #: SQLite's primary result codes for the same (an extended code's low byte is its primary).

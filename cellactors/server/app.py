@@ -93,8 +93,10 @@ class NodeLike(Protocol):
 
     node_id: str
     generation: str
-    status: str
     classes: dict[str, type]
+
+    @property
+    def status(self) -> str: ...
 
     def call(
         self,

@@ -1,0 +1,92 @@
+"""The node's collector: a thread that hands idle cells' resources back.
+
+Every interval it trims the SQLite caches of cells idle past
+:data:`~cellactors.actors.node.settings.TRIM_AFTER_S` (once per idle period), hibernates
+cells idle past ``hibernate_timeout`` (still owned, nothing running), and releases cells
+idle past ``idle_timeout``, resident or hibernated. While the node's storage is degraded
+it also lets the storage probe run when due. It stops when the node stops serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from cellactors.actors.node.activations import Activations
+from cellactors.actors.node.settings import TRIM_AFTER_S, NodeSettings
+from cellactors.actors.node.status import NodeStatus
+from cellactors.actors.ownership import Active
+from cellactors.actors.storage import StorageHealth
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    """Trims, hibernates and releases idle cells (see the module's docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        settings: NodeSettings,
+        activations: Activations,
+        storage: StorageHealth,
+        status: Callable[[], NodeStatus],
+    ) -> None:
+        self.settings = settings
+        self.activations = activations
+        self.storage = storage
+        self._status = status
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"reaper-{node_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        release_after = self.settings.idle_timeout
+        hibernate_after = self.settings.hibernate_timeout
+        hibernating = hibernate_after < release_after
+        interval = min(1.0, (hibernate_after if hibernating else release_after) / 4)
+        while not self._stop.wait(interval):
+            self.storage.healthy()  # while degraded: probes when due, ends the episode
+            if not self.collect_once(release_after, hibernate_after if hibernating else None):
+                return
+
+    def collect_once(self, release_after: float, hibernate_after: float | None) -> bool:
+        """One round; False once the node no longer serves."""
+        now = time.monotonic()
+        trim: list[Active] = []
+        idle: list[tuple[str, float]] = []
+        first_step = release_after if hibernate_after is None else hibernate_after
+        for cid, active in self.activations.resident():
+            rt = active.runtime
+            idle_for = now - rt.last_used
+            if idle_for > TRIM_AFTER_S and rt.trimmed_for != rt.last_used:
+                trim.append(active)
+            if idle_for > min(first_step, release_after) and rt.channel.idle():
+                idle.append((cid, idle_for))
+        expired = [
+            cid for cid, used in self.activations.dormant_since() if now - used > release_after
+        ]
+        for active in trim:
+            rt = active.runtime
+            used = rt.last_used
+            if rt.trim_if_idle is not None and rt.trim_if_idle():
+                rt.trimmed_for = used
+        for cid, idle_for in idle:
+            if self._status() is not NodeStatus.SERVING:
+                return False
+            if idle_for > release_after:
+                self.activations.put_away(cid, hibernate=False)
+            elif hibernate_after is not None:
+                self.activations.put_away(cid, hibernate=True)
+        for cid in expired:
+            if self._status() is not NodeStatus.SERVING:
+                return False
+            self.activations.release_dormant(cid)
+        return True

@@ -1,0 +1,36 @@
+"""How a node's alarm driver and outbox hear of its cells opening and leaving: the
+activation catalogue's listener."""
+
+from __future__ import annotations
+
+from cellactors.actors.alarms import AlarmDriver
+from cellactors.actors.outbox import OutboxWorkers
+from cellactors.actors.ownership import Active
+from cellactors.actors.replicator import EffectSink
+
+
+class CellEvents:
+    """Tells the alarm driver and the outbox what the catalogue does with cells."""
+
+    def __init__(self, alarms: AlarmDriver, outbox: OutboxWorkers) -> None:
+        self.alarms = alarms
+        self.outbox = outbox
+
+    def opened(self, active: Active) -> None:
+        """A cell opened here: mirror its wake entries, schedule its alarm, wake its
+        outbox. Before its first call: a failure fails the activation."""
+        cell_id = active.runtime.cell_id
+        state = active.wakes
+        self.alarms.activated(
+            cell_id, active.epoch, state, resumed=active.restored_from == "hibernated"
+        )
+        if state.outbox:
+            self.outbox.kick(cell_id)
+
+    def released(self, cell_id: str) -> None:
+        """A cell left this node (or is leaving): its alarms are the bucket's again."""
+        self.alarms.released(cell_id)
+
+    def sink(self, cell_id: str, epoch: int) -> EffectSink:
+        """Where the cell's replicator reports what its acknowledged transactions changed."""
+        return self.alarms.sink(cell_id, epoch)
