@@ -36,8 +36,9 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
 from cellactors.core import keys
 from cellactors.core.changes import Change
+from cellactors.core.routing import reroutable_error
 from cellactors.core.types import Applied, Match
-from cellactors.errors import NodeUnavailable, RemoteOwner
+from cellactors.errors import CallError, NodeUnavailable, RemoteOwner
 from cellactors.persistence.celldb.calls import RESERVED_PREFIX
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.celldb.runtime_tables import DeadLetter
@@ -247,19 +248,36 @@ class Fleet:
         entry = self.live()[0] if via is None else self.node(via)
         if entry.node_id in self._down:
             raise NodeDown(f"{entry.node_id} is {self._down[entry.node_id]}")
+        return self._routed(
+            entry,
+            cls_name,
+            name,
+            lambda node, forwarded: node.call(
+                cls_name, name, method, kwargs, args=args, key=key, forwarded=forwarded
+            ),
+        )
+
+    def _routed(self, entry: Node, cls_name: str, name: str, run: Callable[[Node, bool], T]) -> T:
+        """``run`` on ``entry``, or on the live peer that owns the cell, as the HTTP layer
+        routes a call: an answer that proves it ran nowhere because of the route
+        (:mod:`cellactors.core.routing`; a killed owner never answers) forgets the route and
+        decides once more; never a third hop."""
         for attempt in (1, 2):
             try:
-                return entry.call(cls_name, name, method, kwargs, args=args, key=key)
+                return run(entry, False)
             except RemoteOwner as owner:
-                target = self.node(owner.node)
-                if target.node_id not in self._down:
-                    return target.call(
-                        cls_name, name, method, kwargs, args=args, key=key, forwarded=True
-                    )
-                if attempt == 2:
-                    raise NodeDown(f"{owner.node} owns {cls_name}:{name} but is down") from owner
-                # A forward to a dead node never connects: forget the route, decide again.
-                entry.forget_route(cls_name, name)
+                try:
+                    if owner.node in self._down:
+                        raise NodeUnavailable(f"{owner.node} is {self._down[owner.node]}")
+                    return run(self.node(owner.node), True)
+                except CallError as err:
+                    if attempt == 2 or not reroutable_error(err):
+                        if owner.node in self._down:
+                            raise NodeDown(
+                                f"{owner.node} owns {cls_name}:{name} but is down"
+                            ) from owner
+                        raise
+                    entry.forget_route(cls_name, name)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def cell(
@@ -291,17 +309,8 @@ class Fleet:
 
     def _on_owner(self, cls: type[CellActor] | str, name: str, run: Callable[[Node], T]) -> T:
         """``run`` on the cell's owner: the first live node, or the live peer it names."""
-        entry = self.live()[0]
-        for attempt in (1, 2):
-            try:
-                return run(entry)
-            except RemoteOwner as owner:
-                if owner.node not in self._down:
-                    return run(self.node(owner.node))
-                if attempt == 2:
-                    raise NodeDown(f"{owner.node} owns {name} but is down") from owner
-                entry.forget_route(cls if isinstance(cls, str) else cls.__name__, name)
-        raise AssertionError("unreachable")  # pragma: no cover
+        cls_name = cls if isinstance(cls, str) else cls.__name__
+        return self._routed(self.live()[0], cls_name, name, lambda node, _forwarded: run(node))
 
     # --- what the bucket holds ------------------------------------------------------------
 

@@ -30,7 +30,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
@@ -46,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cellactors.errors as errors
 from cellactors.core import keys
+from cellactors.core.routing import reroutable, reroutable_error
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,
@@ -56,18 +56,17 @@ from cellactors.errors import (
     FeedUnavailable,
     InternalError,
     InvalidCellId,
-    NodeStorageFault,
     NodeUnavailable,
     NotDurable,
-    PeerRefused,
     RemoteOwner,
     StaleRoute,
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.server import codec, fleet_page, signing
+from cellactors.server import codec, fleet_page, forward, signing
+from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.loop_reply import LoopReply
-from cellactors.server.peer_calls import CHAIN_HEADER, decode_chain
+from cellactors.server.unsent import NOT_SENT
 
 if TYPE_CHECKING:
     from cellactors.actors.node import Submitted
@@ -80,7 +79,6 @@ NODE_HEADER = "X-Cellactors-Node"
 CELL_ROUTE = "/cells/{cls_name}/{name}/{method}"
 CHANGES_ROUTE = "/cells/{cls_name}/{name}/changes"
 NDJSON_TYPE = "application/x-ndjson"
-INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"
 DEAD_LETTERS_ROUTE = "/cells/{cls_name}/{name}/dead-letters"
 SERVING = "serving"
 #: How often a request waiting on a cell's reply checks that the cell is still there.
@@ -423,17 +421,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 _EXCEPTION_HANDLERS: dict[Any, Callable[..., Any]] = {404: _http_error, 405: _http_error}
 
-# Failures of a forward after which the request certainly was not sent.
-_NOT_SENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.InvalidURL,
-)
-# Answers after which the owner certainly did not run the call and a fresh route may differ.
-_REROUTE_CODES = frozenset({StaleRoute.code, NodeUnavailable.code, NodeStorageFault.code})
-
 
 @dataclass(frozen=True)
 class _Call:
@@ -602,43 +589,32 @@ class _PublicCore(_Core):
 
     async def forward(self, owner: RemoteOwner, call: _Call) -> tuple[Response, bool]:
         """Send the call, signed for the owner's process, to its internal listener; pass its
-        answer through. Returns the answer and whether the call provably ran nowhere (so
-        routing again is safe)."""
+        answer through. Returns the answer and whether the call provably ran nowhere because
+        of the route (:mod:`cellactors.core.routing`: routing again is safe)."""
         encoding = call.encoding
-        parts = (call.cls_name, call.name, call.method)
-        path = INTERNAL_CELL_ROUTE.format(cls_name=parts[0], name=parts[1], method=parts[2])
-        url = (
-            _base_url(owner.addr)
-            + "/internal/cells/"
-            + "/".join(quote(part, safe="") for part in parts)
-        )
-        headers = signing.sign_request(
+        sent = forward.signed(
             self.key,
-            "POST",
-            path,
+            self.node.node_id,
+            owner,
+            call.cls_name,
+            call.name,
+            call.method,
             call.body,
-            source=self.node.node_id,
-            target=owner.node,
-            target_generation=owner.generation,
+            encoding,
             idempotency_key=call.key,
             now=self.node.store_time(),
         )
-        headers["Content-Type"] = codec.CONTENT_TYPES[encoding]
         try:
-            peer = await self.client().post(url, content=call.body, headers=headers)
-        except _NOT_SENT as e:
+            peer = await self.client().post(sent.url, content=sent.body, headers=sent.headers)
+        except NOT_SENT as e:
             # Nothing was sent: the call did not run anywhere, another try is safe.
-            err: CallError = NodeUnavailable(
-                f"owner {owner.node} at {owner.addr} is unreachable: {e!r}"
-            )
-            return self.error(err, encoding), True
+            return self.error(forward.unreachable(owner, e), encoding), True
         except httpx.HTTPError as e:
             # Sent (maybe in part), but no answer: the call may have run on the owner.
-            err = NotDurable(f"forwarded call to {owner.node} has an unknown outcome: {e!r}")
-            return self.error(err, encoding), False
+            return self.error(forward.lost(owner, e), encoding), False
         if peer.is_success:
             return _pass_through(peer, encoding), False
-        payload = _error_payload(peer)
+        payload = forward.error_payload(peer.content, peer.headers.get("content-type"))
         if payload is None:
             # Not an answer of ours (a proxy, or a crashed peer): it may have run there.
             log.error(
@@ -649,17 +625,16 @@ class _PublicCore(_Core):
                 "the call may or may not have run"
             )
             return self.error(err, encoding), False
-        code, outcome = payload.get("error"), payload.get("outcome")
-        if peer.status_code == errors.Unauthorized.status:
-            if code == errors.StaleTarget.code:
+        refused = forward.refusal(owner, peer.status_code, payload)
+        if refused is not None:
+            if isinstance(refused, StaleRoute):
                 log.info("owner %s restarted since its route was cached", owner.node)
-                err = StaleRoute(f"owner {owner.node} restarted since this node looked it up")
-                return self.error(err, encoding), True
-            log.error("peer %s refused our signature: %s", owner.node, payload.get("message"))
-            err = PeerRefused(f"owner {owner.node} refused this node's signed forward")
-            return self.error(err, encoding), False
-        reroute = outcome == NOT_RUN and code in _REROUTE_CODES
-        return _pass_through(peer, encoding), reroute
+            else:
+                log.error("peer %s refused our signature: %s", owner.node, payload.get("message"))
+            return self.error(refused, encoding), reroutable_error(refused)
+        return _pass_through(peer, encoding), reroutable(
+            payload.get("error"), payload.get("outcome")
+        )
 
 
 def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
@@ -696,22 +671,6 @@ def _pass_through(peer: httpx.Response, encoding: codec.Encoding) -> Response:
         headers=headers_out,
         media_type=peer.headers.get("content-type", codec.CONTENT_TYPES[encoding]),
     )
-
-
-def _error_payload(peer: httpx.Response) -> dict[str, Any] | None:
-    """The decoded error object of a peer's answer, or None if it is not one."""
-    try:
-        payload = codec.decode(peer.content, codec.encoding_for(peer.headers.get("content-type")))
-    except CallError:
-        return None
-    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-        return payload
-    return None
-
-
-def _base_url(addr: str) -> str:
-    addr = addr.rstrip("/")
-    return addr if "://" in addr else f"http://{addr}"
 
 
 class _InternalCore(_Core):

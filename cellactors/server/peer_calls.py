@@ -15,37 +15,17 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
-import cellactors.errors as errors
 from cellactors.core.idempotency import check_key
 from cellactors.errors import (
     CallError,
-    NodeUnavailable,
-    NotDurable,
     RemoteOwner,
-    StaleRoute,
     error_from_answer,
 )
-from cellactors.server import codec, signing
+from cellactors.server import codec, forward
 from cellactors.server.unsent import WriteWatch
-
-CHAIN_HEADER = "X-Cellactors-Chain"
-INTERNAL_PREFIX = "/internal/cells/"
-
-
-def encode_chain(chain: tuple[str, ...]) -> str:
-    """The header value: cell ids joined by commas (a cell id never holds a comma)."""
-    return ",".join(chain)
-
-
-def decode_chain(value: str | None) -> tuple[str, ...]:
-    """The call chain a header carries (empty without one)."""
-    if not value:
-        return ()
-    return tuple(part for part in value.split(",") if part)
 
 
 class PeerCaller:
@@ -83,37 +63,28 @@ class PeerCaller:
     ) -> Any:
         if key is not None:
             check_key(key)
-        body = codec.encode(kwargs, "msgpack")
-        parts = "/".join(quote(p, safe="") for p in (cls_name, name, method))
-        path = INTERNAL_PREFIX + f"{cls_name}/{name}/{method}"
-        headers = signing.sign_request(
+        call = forward.signed(
             self.key,
-            "POST",
-            path,
-            body,
-            source=self.node_id,
-            target=owner.node,
-            target_generation=owner.generation,
+            self.node_id,
+            owner,
+            cls_name,
+            name,
+            method,
+            codec.encode(kwargs, "msgpack"),
+            "msgpack",
             idempotency_key=key,
             now=self.clock(),
+            chain=chain,
         )
-        headers["Content-Type"] = codec.CONTENT_TYPES["msgpack"]
-        if chain:
-            headers[CHAIN_HEADER] = encode_chain(chain)
-        addr = owner.addr.rstrip("/")
-        base = addr if "://" in addr else f"http://{addr}"
         watch = WriteWatch()
         try:
             resp = self._client().post(
-                base + INTERNAL_PREFIX + parts,
-                content=body,
-                headers=headers,
-                extensions={"trace": watch},
+                call.url, content=call.body, headers=call.headers, extensions={"trace": watch}
             )
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             if watch.never_sent(err):  # no connection, or the write failed: not run
-                raise NodeUnavailable(f"owner {owner.node} is unreachable: {err!r}") from err
-            raise NotDurable(f"call to {owner.node} has an unknown outcome: {err!r}") from err
+                raise forward.unreachable(owner, err) from err
+            raise forward.lost(owner, err) from err
         try:
             payload = codec.decode(
                 resp.content, codec.encoding_for(resp.headers.get("content-type"))
@@ -122,9 +93,10 @@ class PeerCaller:
             payload = None
         if resp.is_success and isinstance(payload, dict) and "result" in payload:
             return payload["result"]
-        if isinstance(payload, dict) and payload.get("error") == errors.StaleTarget.code:
-            raise StaleRoute(f"owner {owner.node} restarted since this node looked it up")
-        raise error_from_answer(resp.status_code, payload)  # 401 ``unauthorized``: not run
+        refused = forward.refusal(owner, resp.status_code, payload)
+        if refused is not None:
+            raise refused
+        raise error_from_answer(resp.status_code, payload)
 
 
-__all__ = ["CHAIN_HEADER", "PeerCaller", "decode_chain", "encode_chain"]
+__all__ = ["PeerCaller"]

@@ -39,6 +39,8 @@ NOT_CONNECTED: tuple[type[httpx.HTTPError], ...] = (
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
 )
+#: A request known never to have left: no connection, or an address that is no URL.
+NOT_SENT: tuple[type[Exception], ...] = (*NOT_CONNECTED, httpx.InvalidURL)
 #: Writing the request failed (when httpcore lets it surface).
 WRITE_FAILED: tuple[type[httpx.HTTPError], ...] = (httpx.WriteError, httpx.WriteTimeout)
 _FAILED_WRITES = (".send_request_headers.failed", ".send_request_body.failed")
@@ -59,9 +61,9 @@ class WriteWatch:
     async def atrace(self, event: str, info: Mapping[str, Any]) -> None:
         self(event, info)
 
-    def never_sent(self, exc: httpx.HTTPError) -> bool:
+    def never_sent(self, exc: Exception) -> bool:
         """Whether the request that failed with ``exc`` never reached the server whole."""
-        return isinstance(exc, NOT_CONNECTED + WRITE_FAILED) or self.write_failed
+        return isinstance(exc, NOT_SENT + WRITE_FAILED) or self.write_failed
 
 
-__all__ = ["NOT_CONNECTED", "WRITE_FAILED", "WriteWatch"]
+__all__ = ["NOT_CONNECTED", "NOT_SENT", "WRITE_FAILED", "WriteWatch"]
