@@ -1,0 +1,265 @@
+"""The node's internal app, which must listen on a private address: signed forwarded calls
+from peers (``POST /internal/cells/...``), the operator endpoints (``GET /state``,
+``GET /metrics``, ``GET /fleet``, ``GET /healthz``, the fleet page at ``GET /``), and a
+cell's dead letters at ``/cells/{cls}/{name}/dead-letters`` (signed too: they show and
+change message arguments)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+import cellactors.errors as errors
+from cellactors.core import keys
+from cellactors.errors import (
+    NOT_RUN,
+    BucketError,
+    DeadLetterNotFound,
+    InternalError,
+    RemoteOwner,
+    StaleRoute,
+    UnknownCell,
+)
+from cellactors.server import codec, fleet_page, signing
+from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
+from cellactors.server.handling import (
+    DEAD_LETTERS_ROUTE,
+    EXCEPTION_HANDLERS,
+    NODE_HEADER,
+    AnswerGuard,
+    Core,
+    NodeLike,
+    ServerSettings,
+    as_call_error,
+    hand_over,
+)
+
+log = logging.getLogger("cellactors.server")
+
+
+class _InternalCore(Core):
+    """Signed forwarded calls from peers, and the operator endpoints."""
+
+    def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
+        super().__init__(node, fleet_key, settings)
+        self.nonces = signing.NonceCache(settings.signature_window, settings.nonce_cache_size)
+        self._fleet: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer)
+        self._fleet_lock = anyio.Lock()
+
+    async def handle_call(self, request: Request) -> Response:
+        cls_name = request.path_params["cls_name"]
+        name = request.path_params["name"]
+        method = request.path_params["method"]
+        encoding = codec.encoding_for(request.headers.get("content-type"))
+        check = codec.ResultCheck(encoding)
+        try:
+            body = await codec.read_body(
+                request.stream(),
+                request.headers.get("content-length"),
+                self.settings.max_body_bytes,
+            )
+            source = signing.verify_request(
+                self.key,
+                request.method,
+                request.scope["path"],
+                body,
+                request.headers,
+                expected_target=self.node.node_id,
+                expected_generation=self.node.generation,
+                nonces=self.nonces,
+                now=self.node.store_time(),
+                window=self.settings.signature_window,
+            )
+            key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
+            self.check_target(cls_name, name, method)
+            kwargs = codec.decode_kwargs(body, encoding)
+            chain = decode_chain(request.headers.get(CHAIN_HEADER))  # a call between cells
+            hand_over(request)
+            blocking = functools.partial(
+                self._call, cls_name, name, method, kwargs, key, check, chain
+            )
+            if chain:  # a call between cells: its cycle check is the blocking path's
+                result = await self.run(blocking)
+            else:
+                result = await self.run_call(cls_name, name, method, kwargs, key, check, blocking)
+        except ClientDisconnect:
+            raise  # the answer guard logs it; nobody is left to answer
+        except RemoteOwner as e:
+            # Runtime contract says this cannot happen for forwarded calls; never multi-hop.
+            return self.error(StaleRoute(f"not the owner of {cls_name}:{name} ({e})"), encoding)
+        except Exception as e:
+            err = as_call_error(e)
+            if isinstance(err, errors.Unauthorized):
+                log.warning("refused peer call %s: %s", request.url.path, err)
+            elif isinstance(err, InternalError):
+                log.exception("forwarded call %s failed unexpectedly", request.url.path)
+            return self.error(err, encoding)
+        log.debug("forwarded call from %s: %s:%s.%s", source, cls_name, name, method)
+        return self.ok(result, encoding, check)
+
+    def _call(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        key: str | None,
+        check: codec.ResultCheck,
+        chain: tuple[str, ...] = (),
+    ) -> Any:
+        return self.node.call(
+            cls_name,
+            name,
+            method,
+            kwargs,
+            forwarded=True,
+            timeout=self.settings.call_timeout,
+            key=key,
+            result_check=check,
+            **({"chain": chain} if chain else {}),  # only calls between cells carry one
+        )
+
+    # --- dead letters (operator endpoints, signed with the fleet key) ---------------------
+
+    async def list_dead_letters(self, request: Request) -> Response:
+        """``GET /cells/{cls}/{name}/dead-letters``: the cell's dead letters, oldest first."""
+        return await self._dead_letters(
+            request,
+            lambda cls, name, _ids: [x.to_dict() for x in self.node.dead_letters(cls, name)],
+        )
+
+    async def retry_dead_letters(self, request: Request) -> Response:
+        """``POST .../dead-letters/retry`` (all) or ``POST .../dead-letters/{letter}/retry``:
+        move dead letters back into the outbox; answers the ids moved."""
+        return await self._dead_letters(request, self.node.retry_dead_letters, "retried")
+
+    async def purge_dead_letters(self, request: Request) -> Response:
+        """``DELETE .../dead-letters`` (all) or ``DELETE .../dead-letters/{letter}``: delete
+        dead letters for good; answers the ids deleted."""
+        return await self._dead_letters(request, self.node.purge_dead_letters, "purged")
+
+    async def _dead_letters(
+        self,
+        request: Request,
+        act: Callable[[str, str, list[str] | None], list[Any]],
+        done: str = "dead_letters",
+    ) -> Response:
+        """Verify the operator's signature, run ``act`` on the cell in a worker thread (it
+        may activate the cell here) and answer ``{done: [...]}``. A cell a live peer owns is
+        409 ``remote_owner`` with that node's internal address; a named letter that is not
+        there is 404 ``dead_letter_not_found``."""
+        cls_name = request.path_params["cls_name"]
+        name = request.path_params["name"]
+        letter = request.path_params.get("letter")
+        try:
+            body = await codec.read_body(request.stream(), request.headers.get("content-length"), 0)
+            signing.verify_request(
+                self.key,
+                request.method,
+                request.scope["path"],
+                body,
+                request.headers,
+                expected_target=self.node.node_id,
+                expected_generation=self.node.generation,
+                nonces=self.nonces,
+                window=self.settings.signature_window,
+            )
+            if cls_name not in self.node.classes:
+                raise UnknownCell(f"no served cell class {cls_name!r}")
+            keys.make_cell_id(cls_name, name)
+            ids = None if letter is None else [letter]
+            result = await self.run(act, cls_name, name, ids)
+        except RemoteOwner as owner:
+            answer = {
+                "error": owner.code,
+                "message": str(owner),
+                "outcome": NOT_RUN,
+                "retryable": False,
+                "node": owner.node,
+                "addr": owner.addr,
+            }
+            return JSONResponse(answer, status_code=409, headers={NODE_HEADER: self.node.node_id})
+        except Exception as e:
+            err = as_call_error(e)
+            if isinstance(err, errors.Unauthorized):
+                log.warning("refused operator request %s: %s", request.url.path, err)
+            elif isinstance(err, InternalError):
+                log.exception("operator request %s failed unexpectedly", request.url.path)
+            return self.error(err, "json")
+        if letter is not None and not result:
+            return self.error(
+                DeadLetterNotFound(f"{cls_name}:{name} has no dead letter {letter!r}"), "json"
+            )
+        return Response(
+            codec.encode({done: result}, "json"),
+            media_type=codec.CONTENT_TYPES["json"],
+            headers={NODE_HEADER: self.node.node_id},
+        )
+
+    async def state(self, request: Request) -> Response:
+        state = await anyio.to_thread.run_sync(self.node.state)
+        return JSONResponse(state, headers={NODE_HEADER: self.node.node_id})
+
+    async def metrics(self, request: Request) -> Response:
+        text = await anyio.to_thread.run_sync(self.node.metrics_text)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def fleet(self, request: Request) -> Response:
+        """Every node lease in the bucket (``Node.fleet``), read at most once per
+        ``fleet_cache_seconds`` however many pages poll; 503 when the bucket fails."""
+        headers = {NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"}
+        async with self._fleet_lock:
+            cached = self._fleet
+            if cached is None or time.monotonic() - cached[0] >= self.settings.fleet_cache_seconds:
+                try:
+                    answer = await anyio.to_thread.run_sync(self.node.fleet)
+                except BucketError as e:
+                    self._fleet = None
+                    body = {
+                        "error": "bucket_unavailable",
+                        "message": f"could not read the node leases: {e}",
+                        "outcome": NOT_RUN,
+                        "retryable": True,
+                    }
+                    return JSONResponse(body, status_code=503, headers=headers)
+                cached = self._fleet = (time.monotonic(), answer)
+        return JSONResponse(cached[1], headers=headers)
+
+
+def build_internal_app(
+    node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
+) -> Starlette:
+    """The peer/operator app: signed forwarded calls, state, metrics, fleet, health check,
+    and the fleet page."""
+    core = _InternalCore(node, fleet_key, settings or ServerSettings())
+    routes = [
+        Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
+        Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),
+        Route(DEAD_LETTERS_ROUTE, core.purge_dead_letters, methods=["DELETE"]),
+        Route(DEAD_LETTERS_ROUTE + "/retry", core.retry_dead_letters, methods=["POST"]),
+        Route(DEAD_LETTERS_ROUTE + "/{letter}", core.purge_dead_letters, methods=["DELETE"]),
+        Route(DEAD_LETTERS_ROUTE + "/{letter}/retry", core.retry_dead_letters, methods=["POST"]),
+        Route("/state", core.state, methods=["GET"]),
+        Route("/metrics", core.metrics, methods=["GET"]),
+        Route("/fleet", core.fleet, methods=["GET"]),
+        Route("/healthz", core.healthz, methods=["GET"]),
+        *fleet_page.routes(),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(AnswerGuard, core=core)],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+    app.state.core = core
+    return app
