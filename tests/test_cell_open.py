@@ -12,8 +12,8 @@ import pykka
 import pytest
 
 from cellactors import CellActor, read_only
-from cellactors.actors.cell import CellRuntime
 from cellactors.actors.cell_gate import CellInbox
+from cellactors.actors.cell_runtime import CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke, TakeImage
 from cellactors.persistence.celldb.database import CellDatabase

@@ -36,6 +36,7 @@ class Reads(CellActor):
 
     gate: Any = None  # a threading.Event set by the test
     entered = threading.Event()
+    held = threading.Event()  # set once ``hold`` runs in the cell's thread
 
     def on_activate(self) -> None:
         self.db.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)")
@@ -46,6 +47,7 @@ class Reads(CellActor):
 
     def hold(self) -> int:
         assert Reads.gate is not None
+        Reads.held.set()
         Reads.gate.wait(10)
         return threading.get_ident()
 
@@ -250,6 +252,7 @@ def test_a_fence_stops_cells_only_read_without_starting_their_threads(
 
 def test_a_busy_cell_takes_the_read_only_call_in_its_own_thread(node: Node) -> None:
     Reads.gate = threading.Event()
+    Reads.held.clear()
     node.call("Reads", "a", "put", {"k": "a", "v": 1})
     answers: dict[str, int] = {}
 
@@ -259,9 +262,9 @@ def test_a_busy_cell_takes_the_read_only_call_in_its_own_thread(node: Node) -> N
     holder = threading.Thread(target=call, args=("hold",), daemon=True)
     holder.start()
     active = active_of(node, "Reads:a")
-    assert active is not None
     inbox = cast(queue.Queue[Any], active.cell.actor_inbox)
-    eventually(lambda: inbox.qsize() == 0 and not Reads.gate.is_set())
+    assert Reads.held.wait(10)  # the cell's thread is busy in ``hold``
+    assert inbox.qsize() == 0
     reader = threading.Thread(target=call, args=("where",), daemon=True)
     reader.start()
     eventually(lambda: inbox.qsize() == 1)  # queued, not run inline

@@ -17,7 +17,8 @@ from typing import Any
 
 import pykka
 
-from cellactors.actors.cell import CellActor, CellRuntime
+from cellactors.actors.cell import CellActor
+from cellactors.actors.cell_runtime import CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, ask_attribute
 from cellactors.actors.pykka_ext import PooledActor

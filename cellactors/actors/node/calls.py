@@ -11,7 +11,8 @@ from typing import Any, Protocol, TypeVar
 
 import pykka
 
-from cellactors.actors.cell import CellActor, check_arguments, check_serializable
+from cellactors.actors.cell import CellActor
+from cellactors.actors.cell_runtime import check_arguments, check_serializable
 from cellactors.actors.lease import FenceDeadline
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics

@@ -1,0 +1,144 @@
+"""What an activation gives its cell (:class:`CellRuntime`), what the cell asks of its node
+(:class:`CellServices`), and the checks a call's arguments and result pass on their way in
+and out: they must fit the method, and msgpack must carry them unchanged."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from cellactors.actors.channel import ReplicaChannel
+from cellactors.actors.messages import Invoke
+from cellactors.clock import RuntimeClock, StoreClock
+from cellactors.errors import BadRequest, BadResult
+from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.database import CellDatabase
+
+
+def check_serializable(value: Any, what: str = "result") -> None:
+    """Raise :class:`BadRequest` unless msgpack can carry ``value`` unchanged."""
+    try:
+        msgpack.packb(value, use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise BadRequest(f"{what} is not msgpack-serializable: {err}") from err
+
+
+def encode_result(value: Any) -> bytes:
+    """msgpack of a method's result; :class:`BadResult` when msgpack cannot carry it."""
+    try:
+        return calls.encode(value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise BadResult(f"result is not msgpack-serializable: {err}") from err
+
+
+def run_result_check(check: Callable[[Any], None], value: Any) -> None:
+    """Run the caller's ``result_check``; whatever it raises becomes :class:`BadResult`."""
+    try:
+        check(value)
+    except BadResult:
+        raise
+    except Exception as err:
+        raise BadResult(f"the result was refused: {err}") from err
+
+
+_signatures: dict[tuple[type, str], inspect.Signature | None] = {}
+
+
+def bound_arguments(
+    cls: type, method: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Parameter name -> value of a call, as ``fn`` would bind it (None if it would not), so a
+    key's arguments compare equal whether they were passed by position or by name."""
+    if (cls, method) not in _signatures:
+        try:
+            _signatures[(cls, method)] = inspect.signature(fn)
+        except (TypeError, ValueError):
+            _signatures[(cls, method)] = None
+    sig = _signatures[(cls, method)]
+    if sig is None:
+        return None
+    try:
+        return dict(sig.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return None  # the call will fail as the method is called; nothing is recorded
+
+
+@functools.cache
+def _call_signature(cls: type, method: str) -> tuple[inspect.Signature, bool] | None:
+    """How a call of ``cls.method`` binds its arguments: the signature and whether it takes
+    the instance first (a plain method does; a static or class method does not). None when
+    Python cannot tell (a builtin): such calls are not checked."""
+    raw = inspect.getattr_static(cls, method, None)
+    takes_self = inspect.isfunction(raw)
+    try:
+        return inspect.signature(getattr(cls, method)), takes_self
+    except (TypeError, ValueError):
+        return None
+
+
+def check_arguments(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`BadRequest` (``not_run``) when ``args`` and ``kwargs`` do not fit the
+    method's parameters (one missing, one unknown, one given twice): such a call would fail
+    before the method's first line, so it is refused before the cell is activated and
+    leaves nothing behind."""
+    found = _call_signature(cls, method)
+    if found is None:
+        return
+    sig, takes_self = found
+    try:
+        sig.bind(*((None,) if takes_self else ()), *args, **kwargs)
+    except TypeError as err:
+        raise BadRequest(
+            f"bad arguments for {cls.__name__}.{method}{sig_text(sig, takes_self)}: {err}"
+        ) from None
+
+
+def sig_text(sig: inspect.Signature, takes_self: bool) -> str:
+    """The parameters a caller gives, as ``(name, by=1)``."""
+    params = list(sig.parameters.values())[1 if takes_self else 0 :]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+class CellServices(Protocol):
+    """What a cell asks of its node: calls to other cells (run here or forwarded)."""
+
+    def call_cell(
+        self,
+        cls_name: str,
+        name: str,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        key: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> Any: ...
+
+
+@dataclass
+class CellRuntime:
+    """What an activation gives the actor: identity, epoch, database and channel."""
+
+    cell_id: str
+    name: str
+    epoch: int
+    database: CellDatabase
+    channel: ReplicaChannel
+    next_txid: int
+    last_used: float = field(default_factory=time.monotonic)
+    services: CellServices | None = None
+    #: The runtime's clock (alarms, key retention, transaction stamps): the node's.
+    clock: RuntimeClock = field(default_factory=lambda: RuntimeClock(StoreClock("local")))
+    #: The ``last_used`` of the idle period whose memory was last trimmed (node's reaper).
+    trimmed_for: float | None = None
+    #: Runs a call to a read-only method in the calling thread when the cell is idle
+    #: (set by the cell when it opens; see :func:`read_only`). False: send it instead.
+    run_inline: Callable[[Invoke], bool] | None = None
+    #: Hands the database's caches back in the calling thread if the cell is idle (set
+    #: when it opens). False: it is not idle, and nothing was done.
+    trim_if_idle: Callable[[], bool] | None = None
