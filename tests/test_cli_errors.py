@@ -240,3 +240,15 @@ def test_json_formatter_carries_the_exception() -> None:
     entry = json.loads(text)
     assert entry["message"] == "failed x" and entry["level"] == "ERROR" and entry["logger"] == "t"
     assert "ValueError: boom" in entry["exception"] and entry["time"].endswith("Z")
+
+
+def test_the_exit_codes_of_a_run_are_the_commands_own() -> None:
+    """``serve`` exits with how its run ended: the runner's ends are the CLI's codes."""
+    from cellactors.cli import failures
+    from cellactors.server.runner import RunEnd
+
+    assert (RunEnd.OK, RunEnd.ERROR, RunEnd.FENCED) == (
+        failures.EXIT_OK,
+        failures.EXIT_FAILURE,
+        failures.EXIT_FENCED,
+    )

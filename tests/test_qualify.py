@@ -10,6 +10,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cellactors.cli import main
+from cellactors.cli.qualify_verdict import (
+    EXIT_DISQUALIFIED,
+    EXIT_INCOMPLETE,
+    EXIT_QUALIFIED,
+    verdict,
+)
 from cellactors.persistence.store.bucket import (
     Bucket,
     CasResult,
@@ -21,14 +27,10 @@ from cellactors.persistence.store.bucket import (
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.qualify import (
-    EXIT_DISQUALIFIED,
-    EXIT_INCOMPLETE,
-    EXIT_QUALIFIED,
     RoundResult,
     run_contract,
     run_hammer,
     run_listing,
-    verdict,
 )
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.fakes.s3_fake import FakeS3

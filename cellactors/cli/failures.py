@@ -20,7 +20,7 @@ from cellactors.errors import (
 EXIT_OK = 0
 EXIT_FAILURE = 1  # unexpected failure; qualify: disqualified; restore: no such cell
 EXIT_CONFIG = 2  # bad flags, app, bucket spec; an unusable store; qualify: incomplete run
-EXIT_FENCED = 3  # serve: self-fenced
+EXIT_FENCED = 3  # serve: self-fenced (the runner's RunEnd.FENCED)
 EXIT_CREDENTIALS = 4  # no store credentials, or the store refused them
 EXIT_UNREACHABLE = 5  # the store's endpoint cannot be reached
 EXIT_ADDRESS_IN_USE = 6  # serve/dev: a listen address cannot be bound

@@ -14,6 +14,7 @@ import sys
 import click
 
 from cellactors.cli.failures import store_failure
+from cellactors.cli.qualify_verdict import verdict
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.store.bucket import Bucket
@@ -26,7 +27,6 @@ from cellactors.persistence.store.qualify import (
     run_contract,
     run_hammer,
     run_listing,
-    verdict,
 )
 
 

@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from enum import IntEnum
 from typing import TextIO
 
 import uvicorn
@@ -36,9 +37,15 @@ from cellactors.server.peer_calls import PeerCaller
 
 log = logging.getLogger("cellactors.server")
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_FENCED = 3
+
+class RunEnd(IntEnum):
+    """How a run of the node's servers ended (the ``serve`` command exits with it)."""
+
+    OK = 0  # stopped on request, after a drain
+    ERROR = 1  # a server failed
+    FENCED = 3  # the node fenced itself
+
+
 FENCED = "fenced"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -97,8 +104,8 @@ async def _serve_one(server: _Server, sock: socket.socket | None) -> int:
     try:
         await server.serve(sockets=None if sock is None else [sock])
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else EXIT_ERROR
-    return EXIT_OK
+        return e.code if isinstance(e.code, int) else RunEnd.ERROR
+    return RunEnd.OK
 
 
 class Runner:
@@ -227,7 +234,7 @@ class Runner:
             if any(t.done() for t in tasks):
                 log.error("a listener failed to start")
                 await self._stop_servers(tasks)
-                return EXIT_ERROR
+                return RunEnd.ERROR
             await asyncio.wait(tasks, timeout=0.02)
         self.public_address = _bound_address(self._servers[0])
         self.internal_address = _bound_address(self._servers[1])
@@ -240,7 +247,7 @@ class Runner:
         self.ready.set()
 
         code = await self._wait_for_stop(tasks)
-        if code == EXIT_OK:
+        if code == RunEnd.OK:
             code = await self._drain()
         if self.fence.tripped:
             code = self._fenced()
@@ -254,16 +261,16 @@ class Runner:
         assert self._wake is not None
         while True:
             if self.fence.tripped:
-                return EXIT_FENCED
+                return RunEnd.FENCED
             with self._lock:
                 if self._stop_requests:
-                    return EXIT_OK
+                    return RunEnd.OK
             if self.node.status == FENCED:
                 self.fence.trip("node status is fenced")
                 continue
             if any(t.done() for t in tasks):
                 log.error("a listener stopped unexpectedly")
-                return EXIT_ERROR
+                return RunEnd.ERROR
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.fence_poll_interval)
             self._wake.clear()
@@ -276,9 +283,9 @@ class Runner:
             await loop.run_in_executor(None, self.node.drain)
         except Exception:
             log.exception("drain of node %s failed", self.node.node_id)
-            return EXIT_ERROR
+            return RunEnd.ERROR
         log.info("node %s drained", self.node.node_id)
-        return EXIT_OK
+        return RunEnd.OK
 
     def _fenced(self) -> int:
         reason = self.fence.reason or "fenced"
@@ -286,7 +293,7 @@ class Runner:
         stream.write(f"SELF-FENCE: node {self.node.node_id}: {reason}\n")
         stream.flush()
         log.critical("self-fenced: %s", reason)
-        return EXIT_FENCED
+        return RunEnd.FENCED
 
     async def _stop_servers(self, tasks: list[asyncio.Task[int]]) -> None:
         for server in self._servers:
