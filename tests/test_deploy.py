@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from cellactors.cli.app_loader import load_app
-from cellactors.cli.serve import plan_listeners, serve
+from cellactors.cli.listeners import plan_listeners
+from cellactors.cli.serve import serve
 from cellactors.core import keys
 from cellactors.server.app import ServerSettings
 

@@ -311,14 +311,14 @@ def test_load_app_skips_imported_cell_classes(tmp_path: Path) -> None:
 def test_listener_rules(
     listen: str, internal: str | None, advertise: str | None, problem: str
 ) -> None:
-    from cellactors.cli.serve import StartupError, plan_listeners
+    from cellactors.cli.listeners import StartupError, plan_listeners
 
     with pytest.raises(StartupError, match=problem):
         plan_listeners(listen, internal, advertise)
 
 
 def test_listener_defaults_and_advertise() -> None:
-    from cellactors.cli.serve import plan_listeners
+    from cellactors.cli.listeners import plan_listeners
 
     plan = plan_listeners("127.0.0.1:8080", None, None)
     assert str(plan.internal) == str(plan.advertise) == "127.0.0.1:8081"

@@ -78,8 +78,8 @@ def _ports(base: int, count: int) -> list[tuple[int, int]]:
 
 def _check_ports(ports: list[tuple[int, int]]) -> None:
     """Fail before starting anything when a port is taken."""
-    from cellactors.cli.serve import Listeners, ListenerUnavailable, parse_address
-    from cellactors.cli.serve import reserve_listeners as reserve
+    from cellactors.cli.listeners import Listeners, ListenerUnavailable, parse_address
+    from cellactors.cli.listeners import reserve_listeners as reserve
 
     for public, internal in ports:
         pub = parse_address(f"127.0.0.1:{public}", "--listen")
@@ -102,7 +102,7 @@ def _child_env(access: str, secret: str) -> dict[str, str]:
 def _serve_args(
     node: DevNode, app: str, endpoint: str, data_dir: Path, options: list[str]
 ) -> list[str]:
-    from cellactors.cli.serve import EMBEDDED_BUCKET
+    from cellactors.cli.embedded_store import EMBEDDED_BUCKET
 
     return [
         sys.executable,
@@ -203,7 +203,7 @@ def dev(
     """Run a local fleet: one embedded store and NODES `cellactors serve` processes sharing
     it on loopback, until Ctrl-C (SIGINT) or SIGTERM stops them all."""
     from cellactors.cli.app_loader import load_app
-    from cellactors.cli.serve import start_embedded_store
+    from cellactors.cli.embedded_store import start_embedded_store
     from cellactors.persistence.store.embedded import die_with_parent
 
     setup_logging(log_level, log_format)

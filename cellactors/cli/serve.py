@@ -17,7 +17,6 @@ unreachable, 6 a listen address cannot be bound.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import re
@@ -25,13 +24,13 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
 
+from cellactors.cli.embedded_store import start_embedded_store
 from cellactors.cli.failures import (
     EXIT_ADDRESS_IN_USE,
     EXIT_CONFIG,
@@ -39,6 +38,16 @@ from cellactors.cli.failures import (
     EXIT_OK,
     CommandFailed,
     store_failure,
+)
+from cellactors.cli.listeners import (
+    DEFAULT_INTERNAL,
+    DEFAULT_LISTEN,
+    Listeners,
+    ListenerUnavailable,
+    StartupError,
+    default_node_id,
+    plan_listeners,
+    reserve_listeners,
 )
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
 from cellactors.cli.store_options import StoreArgs, store_options
@@ -48,143 +57,12 @@ from cellactors.persistence.store.bucket import Bucket
 log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_LISTEN = "127.0.0.1:8080"
-DEFAULT_INTERNAL = "127.0.0.1:8081"
 DEFAULT_DATA_DIR = "./cellactors-data"
-EMBEDDED_BUCKET = "cellactors"
-EMBEDDED_ACCESS_KEY = "cellactors"
-EMBEDDED_SECRET_KEY = "cellactors-embedded-store"
 ENV_PREFIX = "CELLACTORS_"
-
-
-class StartupError(Exception):
-    """A refusal to start: printed as ``error: ...`` and exit status 2."""
-
-
-class ListenerUnavailable(StartupError):
-    """A listen address cannot be bound (in use, or not an address of this machine)."""
 
 
 class _Interrupted(Exception):
     """SIGTERM/SIGINT arrived before the node was serving."""
-
-
-@dataclass(frozen=True)
-class Address:
-    """A ``HOST:PORT`` pair as given on the command line."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
-
-    @property
-    def is_wildcard(self) -> bool:
-        return self.host in ("", "0.0.0.0", "::", "[::]")
-
-
-def parse_address(text: str, flag: str) -> Address:
-    """Parse ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); StartupError naming ``flag``."""
-    raw = text.strip()
-    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})", raw) or re.fullmatch(
-        r"([A-Za-z0-9.\-_]*):(\d{1,5})", raw
-    )
-    if not match:
-        raise StartupError(f"{flag} {text!r}: expected HOST:PORT (e.g. 127.0.0.1:8080)")
-    host, port = match.group(1), int(match.group(2))
-    if not host:
-        raise StartupError(f"{flag} {text!r}: give a host (0.0.0.0 for every interface)")
-    if port > 65535:
-        raise StartupError(f"{flag} {text!r}: port out of range")
-    return Address(host, port)
-
-
-def default_node_id() -> str:
-    """The host name, reduced to the characters node ids allow."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:128].strip(".")
-    return name or "node"
-
-
-@dataclass(frozen=True)
-class Listeners:
-    """Where to listen and what to advertise to peers."""
-
-    public: Address
-    internal: Address
-    advertise: Address
-
-
-def plan_listeners(listen: str, internal_listen: str | None, advertise: str | None) -> Listeners:
-    """Check the listener flags against the rules of docs/protocol.md ("Routing and forwarding")."""
-    public = parse_address(listen, "--listen")
-    if internal_listen is None and not public.is_loopback:
-        raise StartupError(
-            f"--listen {public} is not a loopback address: give --internal-listen explicitly "
-            "(a private address peers can reach, never a public one); the internal listener "
-            "takes signed calls from peers and serves /state and /metrics"
-        )
-    internal = parse_address(internal_listen or DEFAULT_INTERNAL, "--internal-listen")
-    if internal.port != 0 and internal == public:
-        raise StartupError(f"--listen and --internal-listen are both {public}")
-    if advertise is None:
-        if internal.is_wildcard:
-            raise StartupError(
-                f"--internal-listen {internal} listens on every interface: give --advertise "
-                "HOST:PORT, the address peers use to reach this node"
-            )
-        adv = internal
-    else:
-        adv = parse_address(advertise, "--advertise")
-        if adv.is_wildcard:
-            raise StartupError(
-                f"--advertise {adv}: 0.0.0.0 is a listen address, not one peers can reach; "
-                "advertise this node's private IP or host name"
-            )
-    if adv.port == 0:
-        raise StartupError("the advertised internal address needs a real port, not 0")
-    return Listeners(public, internal, adv)
-
-
-def reserve_listeners(listeners: Listeners) -> dict[str, socket.socket]:
-    """Bind both listen addresses without listening, so a port in use fails before the store
-    starts; the servers then listen on these very sockets (``"public"``, ``"internal"``),
-    so no other process can take a port between the check and the serving. Port 0 is
-    skipped: the server binds any free port itself."""
-    held: dict[str, socket.socket] = {}
-    for which, flag, addr in (
-        ("public", "--listen", listeners.public),
-        ("internal", "--internal-listen", listeners.internal),
-    ):
-        if addr.port == 0:
-            continue
-        try:
-            family, kind, proto, _, sockaddr = socket.getaddrinfo(
-                addr.host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0]
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(sockaddr)
-            except BaseException:
-                sock.close()
-                raise
-        except OSError as err:
-            for other in held.values():
-                other.close()
-            reason = err.strerror or str(err)
-            raise ListenerUnavailable(f"{flag} {addr}: cannot listen there: {reason}") from err
-        held[which] = sock
-    return held
 
 
 @contextlib.contextmanager
@@ -556,37 +434,6 @@ def _start_embedded(store: StoreArgs, data_dir: Path) -> tuple[Any, Bucket]:
         data_dir / "store",
     )
     return start_embedded_store(data_dir / "store", store)
-
-
-def start_embedded_store(folder: Path, store: StoreArgs) -> tuple[Any, Bucket]:
-    """Start SeaweedFS under ``folder`` and create the ``cellactors`` bucket in it; the
-    server and the bucket. ``cellactors dev`` shares one such store between its nodes."""
-    from cellactors.persistence.store.embedded import SeaweedServer
-    from cellactors.persistence.store.s3 import S3Bucket
-
-    # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
-    # environment: make them, and the keys this process signs with, the same pair.
-    access = store.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID") or EMBEDDED_ACCESS_KEY
-    secret = (
-        store.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or EMBEDDED_SECRET_KEY
-    )
-    os.environ["AWS_ACCESS_KEY_ID"] = access
-    os.environ["AWS_SECRET_ACCESS_KEY"] = secret
-    server = SeaweedServer(folder).start()
-    try:
-        bucket = S3Bucket(
-            EMBEDDED_BUCKET,
-            endpoint=server.endpoint,
-            region=store.region,
-            access_key=access,
-            secret_key=secret,
-        )
-        bucket.ensure_exists()
-    except BaseException:
-        server.stop()
-        raise
-    log.info("embedded store serving s3://%s at %s", EMBEDDED_BUCKET, server.endpoint)
-    return server, bucket
 
 
 def _probe(bucket: Bucket) -> None:
