@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from cellactors import CellActor, Node, NodeSettings
-from cellactors.actors.ownership import OwnershipActor
-from cellactors.actors.threadpool import ElasticPool
+from cellactors.actors.pools import NodePools
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import TTL
@@ -34,26 +33,25 @@ class Greeter(CellActor):
 
 
 @pytest.fixture
-def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ElasticPool]:
-    pool = ElasticPool(CAP, "test-ownership")
-    monkeypatch.setattr(OwnershipActor, "pool", pool)
-    yield pool
-    pool.shutdown()
+def small_pools() -> Iterator[NodePools]:
+    pools = NodePools.create("n1", ownership_cap=CAP)
+    yield pools
+    pools.shutdown()
 
 
 def test_activations_that_activate_others_do_not_starve_the_pool(
-    sw_bucket: S3Bucket, small_pool: ElasticPool
+    sw_bucket: S3Bucket, small_pools: NodePools
 ) -> None:
     settings = NodeSettings(
         lease_ttl=TTL, advertise="127.0.0.1:1", op_deadline=3.0, call_timeout=20.0
     )
-    node = Node(sw_bucket, "n1", [Greeter, Counter], settings).start()
+    node = Node(sw_bucket, "n1", [Greeter, Counter], settings, pools=small_pools).start()
     try:
         with concurrent.futures.ThreadPoolExecutor(CELLS) as callers:
             answers = list(callers.map(lambda i: node.cell(Greeter, f"g{i}").hello(), range(CELLS)))
         assert answers == [f"hello from g{i}" for i in range(CELLS)]
         for i in range(CELLS):
             assert node.cell(Counter, f"for-g{i}").get(name="activations") == 1
-        assert small_pool.peak_unblocked() <= CAP
+        assert small_pools.ownership.peak_unblocked() <= CAP
     finally:
         node.stop()

@@ -21,10 +21,10 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.cell_runtime import CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, ask_attribute
+from cellactors.actors.pools import NodePools
 from cellactors.actors.pykka_ext import PooledActor
 from cellactors.actors.replicator import EffectSink, Replicator, owner_still
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
-from cellactors.actors.threadpool import ElasticPool
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire as acq
 from cellactors.core import keys
@@ -101,20 +101,9 @@ class Active:
     wakes: WakeState  # the alarm and outbox state right after ``on_activate``
 
 
-#: The threads ownership actors borrow: each runs an activation, a release or a resume at a
-#: time (they wait on store requests, cells and replicators). Threads start only as work
-#: needs them; the cap is high so that restores stuck on a hanging store (each bounded by
-#: the operation deadline) do not queue the releases and hibernations of other cells behind
-#: them. Waits on a cell do not count against it (``pool.blocking()``): the cell may be
-#: calling a cell whose activation needs this pool.
-_pool = ElasticPool(256, "ownership")
-
-
 class OwnershipActor(PooledActor):
     """Acquire, restore and release one cell on behalf of one node (an actor on a shared
-    pool: an idle cell's ownership actor holds no thread)."""
-
-    pool = _pool
+    pool of its node's: an idle cell's ownership actor holds no thread)."""
 
     def __init__(
         self,
@@ -134,8 +123,12 @@ class OwnershipActor(PooledActor):
         clock: RuntimeClock | None = None,
         on_storage_fault: Callable[[NodeStorageFault], None] | None = None,
         on_broken: Callable[[], None] | None = None,
+        *,
+        pools: NodePools,
     ) -> None:
         super().__init__()
+        self.pools = pools
+        self.pool = pools.ownership
         self.clock = clock or RuntimeClock(bucket.clock)
         #: The store time lease expiries are judged against (None: not now), see
         #: :class:`cellactors.actors.lease.LeaseClock`.
@@ -336,7 +329,12 @@ class OwnershipActor(PooledActor):
             clock=self.clock,
         )
         worker = SnapshotWorker(
-            self.cell_id, epoch, self.bucket, lambda: self._owns(epoch), self.snapshots.retain_s
+            self.cell_id,
+            epoch,
+            self.bucket,
+            lambda: self._owns(epoch),
+            self.pools.snapshots,
+            self.snapshots.retain_s,
         )
         actor = self.cls.start_unopened()
         cell = actor.actor_ref
@@ -355,6 +353,7 @@ class OwnershipActor(PooledActor):
                 chain,
                 worker,
                 self.sink(epoch) if self.sink is not None else None,
+                pools=self.pools,
             )
             channel.on_commit = functools.partial(replicator.tell, Kick())
             with self.pool.blocking():  # on_activate may activate another cell
@@ -388,7 +387,13 @@ class OwnershipActor(PooledActor):
         database = self._database(path)
         try:
             result = restore(
-                self.bucket, self.cell_id, epoch, database, floor=floor, lag_wait_s=self.deadline_s
+                self.bucket,
+                self.cell_id,
+                epoch,
+                database,
+                floor=floor,
+                lag_wait_s=self.deadline_s,
+                pool=self.pools.fetches,
             )
         except BaseException as err:
             database.discard()

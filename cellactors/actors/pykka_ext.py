@@ -39,7 +39,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
@@ -116,10 +116,10 @@ class _Inbox(queue.Queue):  # type: ignore[type-arg]
 
 
 class PooledActor(pykka.Actor):
-    """A pykka actor run on a shared thread pool (see the module's docstring). Subclasses
-    name their pool in :attr:`pool`."""
+    """A pykka actor run on a thread pool (see the module's docstring): its node's, set in
+    :attr:`pool` before it starts (a subclass may name a default)."""
 
-    pool: ClassVar[ElasticPool]
+    pool: ElasticPool
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._drain_lock = threading.Lock()

@@ -20,9 +20,9 @@ import pykka
 
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, TakeImage
+from cellactors.actors.pools import NodePools
 from cellactors.actors.pykka_ext import PooledActor, queued
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
-from cellactors.actors.threadpool import ElasticPool
 from cellactors.core import keys
 from cellactors.core.txn import Txn
 from cellactors.errors import BucketError, CallError, Fenced, NotDurable
@@ -36,10 +36,8 @@ __all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
 
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
-_requests = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="upload")
 # The threads replicators borrow while they ship (each waits on the request pool above and on
 # its cell, never on another replicator).
-_replicators = ElasticPool(128, "replicator")
 
 
 class EffectSink(Protocol):
@@ -62,9 +60,7 @@ def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoc
 
 class Replicator(PooledActor):
     """Uploads a cell's batches, acknowledges or fails the held responses (an actor on a
-    shared pool: a replicator with nothing to ship holds no thread)."""
-
-    pool = _replicators
+    pool of its node's: a replicator with nothing to ship holds no thread)."""
 
     def __init__(
         self,
@@ -79,8 +75,12 @@ class Replicator(PooledActor):
         chain: ChainState | None = None,
         worker: SnapshotWorker | None = None,
         sink: EffectSink | None = None,
+        *,
+        pools: NodePools,
     ) -> None:
         super().__init__()
+        self.pool = pools.replicators
+        self.uploads = pools.uploads  # the store requests it waits on, with a deadline
         self.cell_id = cell_id
         self.epoch = epoch
         self.bucket = bucket
@@ -91,7 +91,7 @@ class Replicator(PooledActor):
         self.policy = snapshots or SnapshotPolicy()
         self.cell_ref: pykka.ActorRef[Any] | None = None
         self.chain = chain or ChainState()
-        self.worker = worker or SnapshotWorker(cell_id, epoch, bucket, self.owns)
+        self.worker = worker or SnapshotWorker(cell_id, epoch, bucket, self.owns, pools.snapshots)
         self._pending_snapshot: tuple[int, bytes] | None = None
         self.linger_s = 0.005
         self.sink = sink
@@ -194,7 +194,7 @@ class Replicator(PooledActor):
         try:
             if remaining <= 0:
                 raise concurrent.futures.TimeoutError
-            return _requests.submit(op).result(timeout=remaining)
+            return self.uploads.submit(op).result(timeout=remaining)
         except concurrent.futures.TimeoutError:
             raise NotDurable(
                 f"{what} could not be proven within {self.deadline_s:g}s: no answer"

@@ -26,7 +26,6 @@ from cellactors.persistence.store.bucket import Bucket
 log = logging.getLogger(__name__)
 
 # Snapshot uploads and collections of every cell; they never hold an answer back.
-_background = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot")
 
 
 #: How long history covered by a snapshot stays in the bucket by default (7 days), so the
@@ -72,8 +71,10 @@ class SnapshotWorker:
         epoch: int,
         bucket: Bucket,
         owns: Callable[[], bool],
+        executor: concurrent.futures.Executor,
         retain_s: float = DEFAULT_RETAIN_S,
     ) -> None:
+        self.executor = executor  # the node's snapshot pool
         self.cell_id = cell_id
         self.retain_s = retain_s
         self.epoch = epoch
@@ -92,7 +93,7 @@ class SnapshotWorker:
         the worker was cancelled."""
         if self._cancelled.is_set() or self.busy():
             return False
-        self._job = _background.submit(self._run, txid, image)
+        self._job = self.executor.submit(self._run, txid, image)
         return True
 
     def _run(self, txid: int, image: bytes) -> None:

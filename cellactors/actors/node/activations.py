@@ -34,6 +34,7 @@ from cellactors.actors.node.routes import RouteCache
 from cellactors.actors.node.settings import NodeSettings
 from cellactors.actors.node.status import WORKING, NodeStatus
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
+from cellactors.actors.pools import NodePools
 from cellactors.actors.replicator import EffectSink
 from cellactors.actors.storage import StorageHealth
 from cellactors.clock import RuntimeClock
@@ -105,6 +106,7 @@ class Activations:
         routes: RouteCache,
         placement: Placement,
         services: Any,
+        pools: NodePools,
     ) -> None:
         self.node_id = node_id
         self.settings = settings
@@ -117,6 +119,7 @@ class Activations:
         self.judge = judge
         self.routes = routes
         self.placement = placement
+        self.pools = pools
         self.services = services  # what a cell asks of its node (calls to other cells)
         self.listener: ActivationListener | None = None
         #: Guards the tables below, and the node's status changes that must agree with them.
@@ -281,6 +284,7 @@ class Activations:
             "clock": self.clock,
             "on_storage_fault": lambda fault: self._storage_fault(host, fault),
             "on_broken": lambda: self._give_up(host),
+            "pools": self.pools,
         }
         with self.lock:
             dormant = self._dormant.pop(cell_id, None)

@@ -46,6 +46,7 @@ from cellactors.actors.node.settings import Forwarder, NodeSettings
 from cellactors.actors.node.status import ENDED, NodeStatus
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active
+from cellactors.actors.pools import NodePools
 from cellactors.actors.storage import StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import keys
@@ -79,11 +80,15 @@ class Node:
         classes: Iterable[type[CellActor]] = (),
         settings: NodeSettings | None = None,
         on_fence: Callable[[str], None] | None = None,
+        pools: NodePools | None = None,
     ) -> None:
         self.settings = settings or NodeSettings()
         #: Which read-only methods have proven quick enough to run on the serving loop.
         self.quick_reads = QuickReads(self.settings.loop_read_budget)
         self.node_id = keys.validate_node_id(node_id)
+        #: This node's thread pools, shut down by :meth:`stop` unless they were given.
+        self.pools = pools or NodePools.create(self.node_id)
+        self._own_pools = pools is None
         self.generation = secrets.token_hex(8)
         self.bucket = MeteredBucket(bucket)  # counts the requests really sent
         # Everything of this node reaches the bucket through the gate a fence closes.
@@ -152,6 +157,7 @@ class Node:
                 lambda: self.activations.resident_count(),
             ),
             services=self,
+            pools=self.pools,
         )
         self.collector = Collector(
             self.node_id, self.settings, self.activations, self.storage, lambda: self.status
@@ -255,6 +261,8 @@ class Node:
             pass
         if self.status is not NodeStatus.FENCED:
             self.status = NodeStatus.STOPPED
+        if self._own_pools:
+            self.pools.shutdown()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -487,13 +495,14 @@ class Node:
         """A reader of ``cell_id``'s change feed through this node's gated bucket."""
         from cellactors.persistence.history.feed import FeedReader
 
-        return FeedReader(self.gate, cell_id)
+        return FeedReader(self.gate, cell_id, self.pools.feed)
 
     def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Any:
         """The cell's acknowledged transactions after ``after`` from the bucket
         (:func:`cellactors.persistence.history.feed.changes`: ``follow``, ``wait``, ...)."""
         from cellactors.persistence.history.feed import changes
 
+        kw.setdefault("pool", self.pools.feed)
         return changes(self.gate, keys.make_cell_id(cls_name, name), after, **kw)
 
 

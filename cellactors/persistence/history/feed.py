@@ -47,9 +47,6 @@ __all__ = [
 
 MAX_LISTINGS = 4
 DEFAULT_POLL_INTERVAL = 0.25
-# Feed reads (driven by HTTP readers) fetch on a pool of their own: a reader catching up
-# on a long history never queues ahead of an activation's restore.
-_fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="feed")
 
 
 def to_change(epoch: int, txn: Txn) -> Change:
@@ -93,7 +90,10 @@ class FeedReader:
     remembers those it read; a follower that is caught up in the owner's epoch lists only
     that epoch's folder."""
 
-    def __init__(self, bucket: Bucket, cell_id: str) -> None:
+    def __init__(
+        self, bucket: Bucket, cell_id: str, pool: concurrent.futures.Executor | None = None
+    ) -> None:
+        self.pool = pool  # runs the GETs (a node's own; None: one per read)
         self.bucket = bucket
         self.cell_id = keys.validate_cell_id(cell_id)
         self.root = keys.cell_root(cell_id)
@@ -175,7 +175,7 @@ class FeedReader:
             # Each planned batch extends the chain by one transaction at least.
             planned_reads = planned_reads[:limit]
         keys_in_order = [ref.key for _step, ref in planned_reads]
-        with contextlib.closing(fetch_bodies(self.bucket, keys_in_order, pool=_fetches)) as bodies:
+        with contextlib.closing(fetch_bodies(self.bucket, keys_in_order, pool=self.pool)) as bodies:
             for (step, ref), body in zip(planned_reads, bodies, strict=True):
                 if limit is not None and count >= limit:
                     return found
@@ -192,10 +192,14 @@ class FeedReader:
 
 
 def read_changes(
-    bucket: Bucket, cell_id: str, after: int = 0, limit: int | None = None
+    bucket: Bucket,
+    cell_id: str,
+    after: int = 0,
+    limit: int | None = None,
+    pool: concurrent.futures.Executor | None = None,
 ) -> FeedPage:
     """One read of the feed: the acknowledged transactions after ``after``, in txid order."""
-    return FeedReader(bucket, cell_id).read(after, limit)
+    return FeedReader(bucket, cell_id, pool).read(after, limit)
 
 
 def follow_changes(
@@ -208,13 +212,35 @@ def follow_changes(
     stop: threading.Event | None = None,
     limit: int | None = None,
     on_idle: Callable[[], None] | None = None,
+    pool: concurrent.futures.Executor | None = None,
 ) -> Iterator[Change]:
     """Yield the acknowledged transactions after ``after`` as they appear, in txid order:
     those already in the bucket first, then each new one within about ``poll_interval`` of
     its upload. Ends after ``wait`` seconds (None: never) or when ``stop`` is set; raises
     :class:`HistoryCollected` or :class:`FeedHole`. ``on_idle`` is called after each round
-    that found nothing (a server uses it to keep a connection alive)."""
-    reader = FeedReader(bucket, cell_id)
+    that found nothing (a server uses it to keep a connection alive). ``pool`` runs the GETs
+    (a node's own; without one, a pool for this follower alone)."""
+    own = pool is None
+    if pool is None:
+        pool = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="feed")
+    try:
+        yield from _follow(
+            FeedReader(bucket, cell_id, pool), after, poll_interval, wait, stop, limit, on_idle
+        )
+    finally:
+        if own:
+            pool.shutdown(wait=False)
+
+
+def _follow(
+    reader: FeedReader,
+    after: int,
+    poll_interval: float,
+    wait: float | None,
+    stop: threading.Event | None,
+    limit: int | None,
+    on_idle: Callable[[], None] | None,
+) -> Iterator[Change]:
     end = None if wait is None else time.monotonic() + wait
     pos = after
     while True:
@@ -245,10 +271,13 @@ def changes(
     wait: float | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     stop: threading.Event | None = None,
+    pool: concurrent.futures.Executor | None = None,
 ) -> Iterator[Change]:
     """The feed as an iterator: what the bucket holds after ``after`` and, with ``follow``,
     every later transaction as it is acknowledged (for ``wait`` seconds, None: until
     ``stop`` is set)."""
     if not follow:
-        return iter(read_changes(bucket, cell_id, after).changes)
-    return follow_changes(bucket, cell_id, after, poll_interval=poll_interval, wait=wait, stop=stop)
+        return iter(read_changes(bucket, cell_id, after, pool=pool).changes)
+    return follow_changes(
+        bucket, cell_id, after, poll_interval=poll_interval, wait=wait, stop=stop, pool=pool
+    )

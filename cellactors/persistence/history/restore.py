@@ -121,14 +121,13 @@ FETCH_WORKERS = 16
 #: Reads queued ahead of the one being consumed: several per worker, so that one slow read
 #: at the head does not leave the other workers idle while the consumer waits on it.
 FETCH_WINDOW = 4 * FETCH_WORKERS
-_fetches = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="restore")
 
 
 def fetch_bodies(
     bucket: Bucket,
     keys_in_order: Sequence[str],
     window: int = FETCH_WINDOW,
-    pool: concurrent.futures.Executor = _fetches,
+    pool: concurrent.futures.Executor | None = None,
 ) -> Generator[bytes | None, None, None]:
     """GET ``keys_in_order`` on ``pool``, at most ``window`` queued ahead of the reader, and
     yield each body, or None for an object that is gone, in order. A store error is raised
@@ -138,6 +137,9 @@ def fetch_bodies(
     pending: collections.deque[concurrent.futures.Future[StoredObject | None]]
     pending = collections.deque()
     upcoming = iter(keys_in_order)
+    own = pool is None  # no pool given (a command, a test): one for this read alone
+    if pool is None:
+        pool = concurrent.futures.ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="fetch")
     try:
         for key in itertools.islice(upcoming, window):
             pending.append(pool.submit(bucket.get, key))
@@ -149,6 +151,8 @@ def fetch_bodies(
     finally:
         for future in pending:
             future.cancel()
+        if own:
+            pool.shutdown(wait=False)
 
 
 def _get(bucket: Bucket, key: str) -> bytes:
@@ -172,6 +176,7 @@ def _plan_and_apply(
     db: CellDatabase,
     planner: Planner = restore_plan.plan_restore,
     until_ms: int | None = None,
+    pool: concurrent.futures.Executor | None = None,
 ) -> tuple[restore_plan.Plan, RestoreResult]:
     """Plan from one listing (reading the seals it asks for), then rebuild ``db`` from the
     plan's snapshot and batches: each batch is applied as it arrives while the later ones
@@ -215,7 +220,7 @@ def _plan_and_apply(
             result.last_txid = snap.txid
             result.snapshot = (snap.epoch, snap.txid)
         try:
-            torn = _apply_batches(bucket, cell_id, planned, db, result, until_ms)
+            torn = _apply_batches(bucket, cell_id, planned, db, result, until_ms, pool)
         except _Relist:
             db.clear()  # part of the plan was applied: the next listing starts over
             raise
@@ -232,11 +237,13 @@ def _apply_batches(
     db: CellDatabase,
     result: RestoreResult,
     until_ms: int | None,
+    pool: concurrent.futures.Executor | None = None,
 ) -> str | None:
     """Fetch the plan's batches (in parallel, in order) and apply each as it arrives, up to
     each step's txid (and, with ``until_ms``, before the first transaction stamped later).
     Returns the key of a batch found malformed, where applying stopped, or None."""
-    with contextlib.closing(fetch_bodies(bucket, [ref.key for ref in plan.reads])) as bodies:
+    reads = [ref.key for ref in plan.reads]
+    with contextlib.closing(fetch_bodies(bucket, reads, pool=pool)) as bodies:
         for step in plan.steps:
             for ref in step.reads:
                 # A store error propagates: only an object read back and found malformed
@@ -274,6 +281,7 @@ def restore(
     seal: bool = True,
     floor: int = 0,
     lag_wait_s: float = LAG_WAIT_S,
+    pool: concurrent.futures.Executor | None = None,
 ) -> RestoreResult:
     """Rebuild ``db`` (expected empty) as of every sealed transaction below ``epoch``, sealing
     each unsealed epoch on the way.
@@ -288,6 +296,8 @@ def restore(
     restore lists again, backing off, for up to ``lag_wait_s`` (holes too, meanwhile), and
     otherwise fails with :class:`ListingLags`. Nothing is sealed below the floor.
 
+    ``pool`` runs the GETs (a node's own; without one, a pool for this restore alone).
+
     ``seal=False`` is the read-only form for operators (``cellactors restore``): it writes
     nothing, follows unsealed epochs' chains, and so may include writes that were uploaded
     but never acknowledged.
@@ -300,7 +310,7 @@ def restore(
         infos = list(bucket.list(root))
         listing = restore_plan.parse_listing(root, [info.key for info in infos])
         try:
-            plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db, planner)
+            plan, result = _plan_and_apply(bucket, cell_id, epoch, listing, db, planner, pool=pool)
         except _Relist as err:
             holes += 1
             if holes >= MAX_LISTINGS and time.monotonic() >= patience:
