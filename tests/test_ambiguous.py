@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite
-from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket, CasResult, Guard
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter

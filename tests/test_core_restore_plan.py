@@ -31,7 +31,7 @@ from cellactors.core.restore_plan import (
     plan_restore,
     proven_txid,
 )
-from cellactors.persistence.history.restore import collect_garbage
+from cellactors.persistence.history.snapshots import collect_garbage
 from cellactors.persistence.store.memory import MemoryBucket
 
 CELL = "Counter:a"

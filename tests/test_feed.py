@@ -23,7 +23,7 @@ from cellactors.core.txn import Txn
 from cellactors.errors import CallError, HistoryCollected
 from cellactors.persistence.history.batches import Batch, encode_batch
 from cellactors.persistence.history.feed import FeedReader, follow_changes, read_changes
-from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter

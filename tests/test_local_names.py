@@ -14,7 +14,7 @@ from cellactors.core.types import Absent, Applied
 from cellactors.errors import InvalidCellId
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.history.restore import encode_snapshot
+from cellactors.persistence.history.snapshots import encode_snapshot
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
 from tests.runtime_helpers import crash, eventually, make_node, owner_epoch

@@ -20,7 +20,8 @@ from cellactors.clock import wall_ms as time_ms
 from cellactors.core import keys
 from cellactors.errors import HistoryCollected, PointNotRestorable
 from cellactors.persistence.celldb.database import CellDatabase, dump
-from cellactors.persistence.history.restore import collect_garbage, restore_at
+from cellactors.persistence.history.restore import restore_at
+from cellactors.persistence.history.snapshots import collect_garbage
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.s3 import S3Bucket

@@ -56,12 +56,9 @@ from cellactors.core.acks import AckGate
 from cellactors.errors import SealLost
 from cellactors.persistence.control.leases import LeaseStore, NodeLease
 from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.history.restore import (
-    MAX_LISTINGS,
-    collect_garbage,
-    create_seal,
-    read_seal,
-)
+from cellactors.persistence.history.restore import MAX_LISTINGS
+from cellactors.persistence.history.seals import create_seal, read_seal
+from cellactors.persistence.history.snapshots import collect_garbage
 from cellactors.persistence.store.bucket import (
     Applied,
     Bucket,

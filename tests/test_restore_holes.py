@@ -17,7 +17,8 @@ from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import keys
 from cellactors.errors import BucketError, RestoreHole
 from cellactors.persistence.celldb.database import CellDatabase, dump
-from cellactors.persistence.history.restore import fetch_bodies, read_seal, restore
+from cellactors.persistence.history.restore import fetch_bodies, restore
+from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket, ObjectInfo, StoredObject
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket

@@ -21,15 +21,9 @@ from cellactors.persistence.celldb.capture import database_image
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.history import restore as restore_module
 from cellactors.persistence.history.batches import Batch, encode_batch
-from cellactors.persistence.history.restore import (
-    MAX_LISTINGS,
-    RestoreResult,
-    collect_garbage,
-    encode_snapshot,
-    read_seal,
-    restore,
-    seal_body,
-)
+from cellactors.persistence.history.restore import MAX_LISTINGS, RestoreResult, restore
+from cellactors.persistence.history.seals import read_seal, seal_body
+from cellactors.persistence.history.snapshots import collect_garbage, encode_snapshot
 from cellactors.persistence.store.bucket import ObjectInfo, StoredObject
 from cellactors.persistence.store.memory import MemoryBucket
 

@@ -23,7 +23,7 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.persistence.history.restore import read_seal
+from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter

@@ -44,7 +44,8 @@ from cellactors.errors import (
 from cellactors.persistence.celldb.database import CellDatabase, remove_db_files
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.history.restore import create_seal, restore
+from cellactors.persistence.history.restore import restore
+from cellactors.persistence.history.seals import create_seal
 from cellactors.persistence.store.bucket import Applied, Bucket
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cellactors.core import keys
 from cellactors.errors import BucketError
-from cellactors.persistence.history.restore import collect_garbage, encode_snapshot
+from cellactors.persistence.history.snapshots import collect_garbage, encode_snapshot
 from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger(__name__)

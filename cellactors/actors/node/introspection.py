@@ -116,3 +116,13 @@ def sample(node: Shown) -> NodeSample:
         node.activations.dormant_count(),
         node.storage.degraded,
     )
+
+
+def load(node: Shown) -> dict[str, Any]:
+    """What the node's lease advertises to its peers' placement (a degraded node gets no
+    cells)."""
+    return {
+        "resident_cells": node.activations.resident_count(),
+        "hibernated_cells": node.activations.dormant_count(),
+        "storage": node.storage.state,
+    }

@@ -8,12 +8,9 @@ hibernates and releases idle ones; the route cache (:mod:`.routes`); the alarm d
 the outbox, told of cells opening and leaving through the catalogue's listener. The node
 itself starts them, fences or drains them, and runs calls (:mod:`.calls`).
 
-Lifecycle: ``starting`` until :meth:`Node.start` holds the lease, then ``serving``;
-:meth:`Node.drain` (a graceful stop) passes through ``draining`` to ``stopped``;
-:meth:`Node.fence` makes it ``fenced`` for good (see :mod:`.status`).
-
-Several nodes may live in one process against one bucket (the protocol tests do this);
-each has its own data directory, lease and actors.
+Lifecycle (:mod:`.status`): ``starting`` until :meth:`Node.start` holds the lease, then
+``serving``; :meth:`Node.drain` passes through ``draining`` to ``stopped``; :meth:`Node.fence`
+makes it ``fenced`` for good. Nodes in one process share nothing (data, lease, actors, pools).
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import logging
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +47,7 @@ from cellactors.actors.pools import NodePools
 from cellactors.actors.storage import StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import keys
+from cellactors.core.changes import Change
 from cellactors.core.read_budget import QuickReads
 from cellactors.core.routing import reroutable_error
 from cellactors.errors import (
@@ -61,6 +59,8 @@ from cellactors.errors import (
 from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.history import feed
+from cellactors.persistence.history.feed import FeedReader
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.gate import GatedBucket
 from cellactors.persistence.store.metered import MeteredBucket
@@ -448,8 +448,7 @@ class Node:
         return self.activations.put_away(cell_id, hibernate=False)
 
     def hibernate(self, cell_id: str) -> bool:
-        """Stop one idle cell's threads and close its file, keeping its ownership: the next
-        call resumes it at the same epoch with no bucket request."""
+        """Close one idle cell, keeping its ownership (it resumes with no bucket request)."""
         return self.activations.put_away(cell_id, hibernate=True)
 
     # --- introspection ------------------------------------------------------------------
@@ -459,15 +458,11 @@ class Node:
         return self.activations.resident_count()
 
     def hibernated_cells(self) -> int:
-        return self.activations.dormant_count()
+        return self.activations.dormant_count()  # owned, closed, nothing running
 
     def _load(self) -> dict[str, Any]:
         """What the lease advertises to peers' placement (a degraded node gets no cells)."""
-        return {
-            "resident_cells": self.resident_cells(),
-            "hibernated_cells": self.hibernated_cells(),
-            "storage": self.storage.state,
-        }
+        return introspection.load(self)
 
     def store_time(self) -> float:
         """The store's time in epoch seconds, as this node knows it (signed forwards)."""
@@ -491,19 +486,15 @@ class Node:
 
     # --- change feed: logic in cellactors.persistence.history.feed -----------------------
 
-    def feed_reader(self, cell_id: str) -> Any:
+    def feed_reader(self, cell_id: str) -> FeedReader:
         """A reader of ``cell_id``'s change feed through this node's gated bucket."""
-        from cellactors.persistence.history.feed import FeedReader
-
         return FeedReader(self.gate, cell_id, self.pools.feed)
 
-    def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Any:
+    def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Iterator[Change]:
         """The cell's acknowledged transactions after ``after`` from the bucket
         (:func:`cellactors.persistence.history.feed.changes`: ``follow``, ``wait``, ...)."""
-        from cellactors.persistence.history.feed import changes
-
         kw.setdefault("pool", self.pools.feed)
-        return changes(self.gate, keys.make_cell_id(cls_name, name), after, **kw)
+        return feed.changes(self.gate, keys.make_cell_id(cls_name, name), after, **kw)
 
 
 __all__ = ["CellProxy", "Node", "NodeSettings"]

@@ -26,12 +26,8 @@ from cellactors.core.txn import Txn
 from cellactors.errors import BucketError, FeedHole, HistoryCollected
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.history.batches import Batch, decode_batch
-from cellactors.persistence.history.restore import (
-    FETCH_WORKERS,
-    collected_error,
-    fetch_bodies,
-    read_seal,
-)
+from cellactors.persistence.history.restore import FETCH_WORKERS, collected_error, fetch_bodies
+from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket
 
 __all__ = [

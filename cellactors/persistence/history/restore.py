@@ -16,26 +16,20 @@ import logging
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgpack
-
-from cellactors.core import feed_plan, keys, restore_plan, retention
+from cellactors.core import feed_plan, keys, restore_plan
 from cellactors.errors import (
-    AmbiguousWrite,
     BucketError,
     HistoryCollected,
     ListingLags,
     PointNotRestorable,
     RestoreHole,
-    SealLost,
 )
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.history.batches import decode_batch
-from cellactors.persistence.store import records
-from cellactors.persistence.store.bucket import Absent, Applied, Bucket, StoredObject
-
-SNAPSHOT_VERSION = 1
+from cellactors.persistence.history.seals import create_seal, read_seal
+from cellactors.persistence.history.snapshots import decode_snapshot
+from cellactors.persistence.store.bucket import Bucket, StoredObject
 
 log = logging.getLogger(__name__)
 
@@ -54,56 +48,6 @@ class RestoreResult:
     def since_txids(self) -> int:
         """Transactions applied on top of the snapshot (the chain a next snapshot bounds)."""
         return self.last_txid - (self.snapshot[1] if self.snapshot else 0)
-
-
-def seal_body(epoch: int, max_txid: int, sealed_by: int) -> bytes:
-    return records.encode({"epoch": epoch, "max_txid": max_txid, "sealed_by_epoch": sealed_by})
-
-
-def read_seal(bucket: Bucket, cell_id: str, epoch: int) -> int | None:
-    """The ``max_txid`` of epoch ``epoch``'s seal, or None when unsealed."""
-    key = keys.seal_key(cell_id, epoch)
-    obj = bucket.get(key)
-    if obj is None:
-        return None
-    value = records.decode(key, obj.body, {"epoch": int, "max_txid": int})
-    return int(value["max_txid"])
-
-
-def create_seal(bucket: Bucket, cell_id: str, epoch: int, max_txid: int, sealed_by: int) -> None:
-    """Create the seal (conditional create); raise :class:`SealLost` if someone else did."""
-    key = keys.seal_key(cell_id, epoch)
-    body = seal_body(epoch, max_txid, sealed_by)
-    for _ in range(3):
-        try:
-            result = bucket.put_cas(key, body, Absent())
-        except AmbiguousWrite:
-            back = bucket.get(key)
-            if back is None:
-                continue  # it did not happen: try again
-            if back.body == body:
-                return
-            raise SealLost(f"epoch {epoch} of {cell_id} was sealed by another activation") from None
-        if isinstance(result, Applied):
-            return
-        raise SealLost(f"epoch {epoch} of {cell_id} was sealed by another activation")
-    raise BucketError(f"could not create the seal of epoch {epoch} of {cell_id}")
-
-
-def encode_snapshot(cell_id: str, epoch: int, txid: int, image: bytes) -> bytes:
-    payload = {"v": SNAPSHOT_VERSION, "cell": cell_id, "epoch": epoch, "txid": txid, "image": image}
-    return bytes(msgpack.packb(payload, use_bin_type=True))
-
-
-def decode_snapshot(key: str, body: bytes) -> tuple[int, int, bytes]:
-    """(epoch, txid, image) of a snapshot object."""
-    try:
-        value: dict[str, Any] = msgpack.unpackb(body, raw=False)
-        if value.get("v") != SNAPSHOT_VERSION:
-            raise ValueError("unsupported snapshot version")
-        return int(value["epoch"]), int(value["txid"]), bytes(value["image"])
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
-        raise BucketError(f"{key} is not a valid snapshot: {err}") from err
 
 
 class _Relist(Exception):
@@ -438,65 +382,3 @@ def restore_at(
     raise RestoreHole(
         f"restore of {cell_id} at epoch {epoch} failed after {MAX_LISTINGS} listings: {problem}"
     )
-
-
-def collect_garbage(
-    bucket: Bucket,
-    cell_id: str,
-    snap_epoch: int,
-    snap_txid: int,
-    *,
-    owns: Callable[[], bool],
-    cancelled: Callable[[], bool] = lambda: False,
-    retain_s: float = 0.0,
-    now_ms: int | None = None,
-) -> int:
-    """Delete what a valid snapshot covers: batches and seals of epochs below its epoch and
-    older snapshots. Returns objects deleted.
-
-    Without retention (``retain_s`` 0) that snapshot is the one just written at
-    (``snap_epoch``, ``snap_txid``). With retention it is the newest usable snapshot uploaded
-    at least ``retain_s`` before ``now_ms`` (default: the store's time now;
-    :func:`cellactors.core.retention.retention_base`),
-    so history stays in the bucket for the change feed and point-in-time restores until a
-    snapshot covering it has aged; nothing is collected while there is none.
-
-    Owner work: ``owns()`` (a fresh read of ``own.json``) must confirm the snapshot's
-    activation still owns the cell before anything is deleted, and ``cancelled()`` is checked
-    before every delete. A restore racing the collection finds a listed object gone and lists
-    again, which shows the snapshot (written before the collection began)."""
-    root = keys.cell_root(cell_id)
-    infos = list(bucket.list(root))
-    listing = restore_plan.parse_listing(root, [info.key for info in infos])
-    newest = restore_plan.SnapshotRef(
-        snap_txid, snap_epoch, keys.snapshot_key(cell_id, snap_txid, snap_epoch)
-    )
-    base: restore_plan.SnapshotRef | None = newest
-    if retain_s > 0:
-        # Upload times are the store's, so the horizon is in the store's time too.
-        horizon = (bucket.clock.now_ms() if now_ms is None else now_ms) - int(retain_s * 1000)
-        uploaded = {info.key: info.last_modified_ms for info in infos}
-        seals: dict[int, int] = {}
-        while True:
-            found = retention.retention_base(listing, uploaded, snap_epoch, newest, seals, horizon)
-            if not isinstance(found, restore_plan.NeedSeal):
-                base = found
-                break
-            value = read_seal(bucket, cell_id, found.epoch)
-            if value is None:
-                return 0  # collected meanwhile: leave it to a later collection
-            seals[found.epoch] = value
-    if base is None:
-        return 0
-    plan = retention.covered_by(listing, base)
-    doomed = [*plan.batch_keys, *(keys.seal_key(cell_id, e) for e in plan.seal_epochs)]
-    doomed += plan.snapshot_keys
-    if not doomed or cancelled() or not owns():
-        return 0
-    deleted = 0
-    for key in doomed:
-        if cancelled():
-            break
-        bucket.delete(key)
-        deleted += 1
-    return deleted
