@@ -64,8 +64,8 @@ from cellactors.errors import (
     NotDurable,
     error_from_answer,
 )
-from cellactors.server import codec
-from cellactors.server.unsent import NOT_CONNECTED, WriteWatch
+from cellactors.wire import codec
+from cellactors.wire.unsent import NOT_CONNECTED, WriteWatch
 
 __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 
@@ -374,7 +374,7 @@ def _records(resp: httpx.Response, encoding: codec.Encoding) -> Iterator[dict[st
 def _transport_error(url: str, exc: httpx.HTTPError, watch: WriteWatch) -> CallError:
     """The error of an attempt that got no answer. ``not_run`` (``NodeUnavailable``, tried
     again) when the request never reached the node whole: no connection, or the write of
-    the request failed (:mod:`cellactors.server.unsent`). Otherwise the whole request was
+    the request failed (:mod:`cellactors.wire.unsent`). Otherwise the whole request was
     written and the connection failed after it (lost, reset, closed, timed out): the node
     may have run the call, so the outcome is unknown (``NotDurable``)."""
     base = url.split("/cells/", 1)[0]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cellactors import errors
 from cellactors.errors import BadRequest, CallError, MethodFailed
-from cellactors.server import codec
+from cellactors.wire import codec
 
 
 class Feed:

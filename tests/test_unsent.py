@@ -1,7 +1,7 @@
 """A node calling a peer's cell (the outbox, calls between cells) tells a request that never
 reached the owner whole (``not_run``) from one cut off after it was written (``unknown``),
 as the client does (tests/test_client_retries.py), against raw sockets on loopback that
-reset the connection at a chosen point (cellactors.server.unsent)."""
+reset the connection at a chosen point (cellactors.wire.unsent)."""
 
 from __future__ import annotations
 

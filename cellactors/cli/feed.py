@@ -16,7 +16,7 @@ from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected
-from cellactors.server import codec
+from cellactors.wire import codec
 
 
 @click.command("feed")

@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import cellactors.errors as errors
 from cellactors.errors import CallError, NodeUnavailable, NotDurable, PeerRefused, StaleRoute
-from cellactors.server import codec, signing
+from cellactors.server import signing
+from cellactors.wire import codec
 
 #: The internal listener's route for forwarded calls.
 INTERNAL_CELL_ROUTE = "/internal/cells/{cls_name}/{name}/{method}"

@@ -43,8 +43,9 @@ from cellactors.errors import (
     UnknownCell,
     UnknownMethod,
 )
-from cellactors.server import codec, signing
+from cellactors.server import signing
 from cellactors.server.loop_reply import LoopReply
+from cellactors.wire import codec
 
 if TYPE_CHECKING:
     from cellactors.actors.node import Submitted

@@ -31,7 +31,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.server import codec, fleet_page, signing
+from cellactors.server import fleet_page, signing
 from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.handling import (
     DEAD_LETTERS_ROUTE,
@@ -44,6 +44,7 @@ from cellactors.server.handling import (
     as_call_error,
     hand_over,
 )
+from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
 

@@ -24,8 +24,9 @@ from cellactors.errors import (
     RemoteOwner,
     error_from_answer,
 )
-from cellactors.server import codec, forward
-from cellactors.server.unsent import WriteWatch
+from cellactors.server import forward
+from cellactors.wire import codec
+from cellactors.wire.unsent import WriteWatch
 
 
 class PeerCaller:

@@ -37,7 +37,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.server import codec, forward
+from cellactors.server import forward
 from cellactors.server.handling import (
     CELL_ROUTE,
     CHANGES_ROUTE,
@@ -52,7 +52,8 @@ from cellactors.server.handling import (
     as_call_error,
     hand_over,
 )
-from cellactors.server.unsent import NOT_SENT
+from cellactors.wire import codec
+from cellactors.wire.unsent import NOT_SENT
 
 log = logging.getLogger("cellactors.server")
 

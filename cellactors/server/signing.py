@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 
 from cellactors.errors import StaleTarget, Unauthorized
-from cellactors.server.codec import IDEMPOTENCY_HEADER
+from cellactors.wire.codec import IDEMPOTENCY_HEADER
 
 SOURCE_HEADER = "X-Cellactors-Source"
 TARGET_HEADER = "X-Cellactors-Target"
