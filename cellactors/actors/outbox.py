@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import pykka
 
+from cellactors.actors.cell_runtime import CellServices
 from cellactors.actors.messages import EditRuntime, ReadOutbox
 from cellactors.actors.metrics import NodeMetrics
 from cellactors.actors.ownership import Active
@@ -59,9 +60,10 @@ class OutboxSettings(Protocol):
     def outbox_max_age(self) -> float: ...
 
 
-class OutboxHost(Protocol):
+class OutboxHost(CellServices, Protocol):
     """What the outbox needs of its node (the node is one): its settings, clock and
-    metrics, how to activate a sender here and how to call a target anywhere."""
+    metrics, how to activate a sender here, and how to call a target anywhere
+    (:meth:`~cellactors.actors.cell_runtime.CellServices.call_cell`)."""
 
     @property
     def settings(self) -> OutboxSettings: ...
@@ -70,16 +72,6 @@ class OutboxHost(Protocol):
     @property
     def metrics(self) -> NodeMetrics: ...
     def activate_here(self, cell_id: str) -> Active: ...
-    def call_cell(
-        self,
-        cls_name: str,
-        name: str,
-        method: str,
-        kwargs: dict[str, Any],
-        *,
-        key: str | None = None,
-        chain: tuple[str, ...] = (),
-    ) -> Any: ...
 
 
 log = logging.getLogger(__name__)
