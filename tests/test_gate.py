@@ -12,6 +12,7 @@ import pytest
 from cellactors.errors import BucketError, Fenced, NodeUnavailable, NotDurable
 from cellactors.persistence.store.bucket import Absent, Bucket
 from cellactors.persistence.store.gate import GatedBucket, _local
+from cellactors.persistence.store.gcs import GcsBucket
 from cellactors.persistence.store.metered import MeteredBucket
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.cells import Counter
@@ -56,6 +57,26 @@ def test_the_s3_client_checks_the_gate_before_each_http_request(sw_bucket: S3Buc
     finally:
         _local.gate = None
     assert sw_bucket.get("cells/C:a/late") is None
+
+
+def test_the_gcs_client_checks_the_gate_before_each_http_request(gcs_bucket: GcsBucket) -> None:
+    """The same for GCS: google-cloud-storage retries inside one call too, and each of its
+    HTTP requests consults the calling thread's gate first."""
+    gcs_bucket.put("cells/C:a/early", b"x")
+    gate = GatedBucket(gcs_bucket)
+    gate.close_gate("test")
+    _local.gate = gate
+    try:
+        with pytest.raises(Fenced):
+            gcs_bucket.put("cells/C:a/late", b"x")
+        with pytest.raises(Fenced):
+            gcs_bucket.put_cas("cells/C:a/late", b"x", Absent())
+        with pytest.raises(Fenced):
+            gcs_bucket.get("cells/C:a/early")
+    finally:
+        _local.gate = None
+    assert gcs_bucket.get("cells/C:a/late") is None
+    assert gate.refused == 3
 
 
 class FailingBatches(CuttableBucket):

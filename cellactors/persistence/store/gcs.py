@@ -50,6 +50,7 @@ from cellactors.persistence.store.bucket import (
     join_prefix,
     strip_prefix,
 )
+from cellactors.persistence.store.gate import refuse_if_fenced
 
 EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
 _EMULATOR_PROJECT = "cellactors-emulator"
@@ -141,6 +142,8 @@ def _new_client(emulator: str | None) -> Any:
     # requests keeps 10 connections per host by default; cells call from many threads.
     # (An mTLS session has its own adapter, which we must not replace.)
     session = client._http
+    # Every HTTP request, each of the library's retries included, passes a fenced node's gate.
+    session.send = _gated(session.send)
     # Every answer's Date feeds the store's clock (the hook runs once its headers are in).
     session.hooks["response"].append(_clock_feeder(_store_clock(emulator)))
     if not getattr(session, "is_mtls", False):
@@ -148,6 +151,17 @@ def _new_client(emulator: str | None) -> Any:
         session.mount("https://", adapter)
         session.mount("http://", adapter)
     return client
+
+
+def _gated(send: Callable[..., Any]) -> Callable[..., Any]:
+    """``send``, refused (:class:`~cellactors.errors.Fenced`, nothing sent) while the calling
+    thread's request passes the gate of a node that has fenced itself."""
+
+    def send_through_gate(request: Any, **kwargs: Any) -> Any:
+        refuse_if_fenced()
+        return send(request, **kwargs)
+
+    return send_through_gate
 
 
 def _clock_feeder(clock: StoreClock) -> Callable[..., None]:
