@@ -12,9 +12,9 @@ import pytest
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.errors import ActivationFailed, ActivationRaised
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import TTL, eventually, make_node
-from tests.test_runtime import HangingBucket
+from tests.helpers.buckets import HangingBucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import TTL, eventually, make_node
 
 
 class Broken(CellActor):

@@ -14,18 +14,14 @@ from typing import Any
 
 import pytest
 
-from cellactors import Node, NodeSettings
+from cellactors import Node
 from cellactors.errors import MethodFailed, NotDurable
-from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.control.wakes import parse_wake_key
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.alarm_cells import Flaky, Hop, Inbox, Reminder
-from tests.runtime_helpers import TTL, crash, eventually
-from tests.test_runtime import CuttableBucket
-
-SCAN = 0.3
-CLASSES = [Reminder, Flaky, Hop, Inbox]
+from tests.helpers.alarm_cells import Flaky, Reminder
+from tests.helpers.alarms import SCAN, alarm_node, owner, wakes
+from tests.helpers.buckets import CuttableBucket
+from tests.helpers.runtime import crash, eventually
 
 
 def fired_or_false(node: Node, name: str) -> list[float] | bool:
@@ -38,33 +34,11 @@ def owned_at(bucket: Bucket, cell_id: str, epoch: int) -> bool:
     return owner(bucket, cell_id)[1] == epoch
 
 
-def alarm_node(bucket: Bucket, node_id: str, **kw: Any) -> Node:
-    kw.setdefault("alarm_scan_interval", SCAN)
-    settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:1{len(node_id)}", **kw)
-    return Node(bucket, node_id, CLASSES, settings).start()
-
-
-def wakes(bucket: S3Bucket) -> list[tuple[str, int]]:
-    """(cell id, due ms) of every wake entry in the bucket."""
-    found = []
-    for info in bucket.list("wake/"):
-        parsed = parse_wake_key(info.key)
-        assert parsed is not None, info.key
-        found.append((parsed[0], parsed[1].at_ms))
-    return found
-
-
 def delta(node: Node, before: Counter[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """The node's bucket requests since ``before``, but for its lease renewals (they run on
     their own clock: a loaded machine can slow a call past one)."""
     after = node.bucket.snapshot()
     return {k: after[k] - before[k] for k in after if after[k] != before[k] and k[1] != "lease"}
-
-
-def owner(bucket: Bucket, cell_id: str) -> tuple[str, int]:
-    record = OwnershipStore(bucket, "reader").read_owner(cell_id)
-    assert record is not None
-    return record.node, record.epoch
 
 
 def test_alarm_fires_and_its_wake_entry_lives_from_ack_to_consumption(

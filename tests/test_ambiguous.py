@@ -12,9 +12,9 @@ from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket, CasResult, Guard
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import eventually, make_node, owner_epoch
-from tests.test_runtime import CuttableBucket
+from tests.helpers.buckets import CuttableBucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually, make_node, owner_epoch
 
 CELL = "Counter:a"
 

@@ -18,9 +18,9 @@ from cellactors.errors import (
     NodeUnavailable,
 )
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import make_node
-from tests.served_nodes import served_node
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import make_node
+from tests.helpers.served import served_node
 
 
 class Broken(CellActor):

@@ -10,41 +10,12 @@ from typing import Any
 
 import pytest
 
-from cellactors import Node
-from cellactors.errors import CallCycle, MethodFailed, NodeUnavailable, RemoteOwner
+from cellactors.errors import CallCycle, MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.alarm_cells import Hop, Inbox
-from tests.runtime_helpers import crash, eventually
-from tests.test_alarms import alarm_node, owner, wakes
-
-
-class Peers:
-    """An in-process forwarder: the owner's ``Node`` runs the call (as its internal
-    listener would); ``down`` makes a node unreachable."""
-
-    def __init__(self, *nodes: Node) -> None:
-        self.nodes = {n.node_id: n for n in nodes}
-        self.down: set[str] = set()
-        self.forwards = 0
-        for n in nodes:
-            n.set_forwarder(self)
-
-    def __call__(
-        self,
-        owner: RemoteOwner,
-        cls_name: str,
-        name: str,
-        method: str,
-        kwargs: dict[str, Any],
-        key: str | None,
-        chain: tuple[str, ...],
-    ) -> Any:
-        if owner.node in self.down:
-            raise NodeUnavailable(f"{owner.node} is down")
-        self.forwards += 1
-        return self.nodes[owner.node].call(
-            cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain
-        )
+from tests.helpers.alarm_cells import Hop, Inbox
+from tests.helpers.alarms import alarm_node, owner, wakes
+from tests.helpers.peers import Peers
+from tests.helpers.runtime import crash, eventually
 
 
 def test_a_call_chain_runs_and_a_cycle_fails_fast(sw_bucket: S3Bucket) -> None:

@@ -17,7 +17,7 @@ from cellactors.actors.cell_runtime import CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke, TakeImage
 from cellactors.persistence.celldb.database import CellDatabase
-from tests.runtime_helpers import eventually
+from tests.helpers.runtime import eventually
 
 
 class Slow(CellActor):

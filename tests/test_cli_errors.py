@@ -20,8 +20,8 @@ from cellactors.cli import main
 from cellactors.cli.failures import EXIT_ADDRESS_IN_USE, EXIT_CREDENTIALS, EXIT_UNREACHABLE
 from cellactors.persistence.store.embedded import SeaweedServer, free_port
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.fakes.s3_fake import FakeS3, running_fake
-from tests.fleet_harness import COUNTER_APP
+from tests.helpers.fleet import COUNTER_APP
+from tests.helpers.s3_fake import FakeS3, running_fake
 
 COMMANDS = ["serve", "qualify", "restore", "status", "dev"]
 STORE_COMMANDS = ["serve", "qualify", "restore", "status"]

@@ -22,7 +22,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from tests.test_server_app import FakeNode, Served, free_port, serving
+from tests.helpers.fake_node import FakeNode, Served, free_port, serving
 
 
 @pytest.fixture

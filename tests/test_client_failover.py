@@ -17,7 +17,7 @@ import pytest
 from cellactors.client import Client
 from cellactors.persistence.store.embedded import SeaweedServer
 from tests.conftest import make_s3_bucket
-from tests.fleet_harness import Fleet, NodeProc, write_app
+from tests.helpers.fleet import Fleet, NodeProc, write_app
 
 pytestmark = pytest.mark.fleet
 

@@ -22,8 +22,8 @@ from cellactors.client import Client
 from cellactors.core.changes import Change
 from cellactors.errors import NodeUnavailable, NotDurable
 from cellactors.server.app import ServerSettings
-from tests.raw_server import RawServer
-from tests.test_server_app import FakeNode, Served, serving
+from tests.helpers.fake_node import FakeNode, Served, serving
+from tests.helpers.raw_server import RawServer
 
 #: Arguments too large to fit in the socket buffers of a loopback connection whose receiver
 #: reads nothing: writing them blocks until the receiver's reset fails the write.

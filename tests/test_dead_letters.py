@@ -16,10 +16,10 @@ from cellactors import Node, NodeSettings
 from cellactors.errors import MethodFailed, RemoteOwner
 from cellactors.persistence.celldb.runtime_tables import DeadLetter
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.alarm_cells import Account, Payer
-from tests.runtime_helpers import TTL, crash, eventually
-from tests.test_alarms import SCAN, owner, wakes
-from tests.test_cell_calls import Peers
+from tests.helpers.alarm_cells import Account, Payer
+from tests.helpers.alarms import SCAN, owner, wakes
+from tests.helpers.peers import Peers
+from tests.helpers.runtime import TTL, crash, eventually
 
 OUTBOX_LOG = "cellactors.actors.outbox"
 

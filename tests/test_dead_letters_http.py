@@ -19,9 +19,9 @@ from cellactors.persistence.store.bucket import Absent
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
-from tests.alarm_cells import Account, Payer
-from tests.runtime_helpers import eventually
-from tests.served_nodes import KEY, ServedNode, served_node
+from tests.helpers.alarm_cells import Account, Payer
+from tests.helpers.runtime import eventually
+from tests.helpers.served import KEY, ServedNode, served_node
 
 CELL = "Payer:p"
 

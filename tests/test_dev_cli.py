@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet_harness import COUNTER_APP, NODE_HEADER, wait_for
+from tests.helpers.fleet import COUNTER_APP, NODE_HEADER, wait_for
 
 pytestmark = pytest.mark.fleet
 

@@ -21,9 +21,9 @@ from cellactors.core.idempotency import MAX_KEY_LENGTH
 from cellactors.errors import NotDurable
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
-from tests.cells import Counter, Slow
-from tests.runtime_helpers import active_of, eventually, make_node
-from tests.served_nodes import ServedNode, served_node
+from tests.helpers.cells import Counter, Slow
+from tests.helpers.runtime import active_of, eventually, make_node
+from tests.helpers.served import ServedNode, served_node
 
 
 class _Spy:

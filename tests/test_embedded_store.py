@@ -21,7 +21,7 @@ from cellactors.persistence.store.embedded import (
     fsync_rule,
     indexes_need_rebuild,
 )
-from tests.runtime_helpers import eventually
+from tests.helpers.runtime import eventually
 
 
 def _hold(port: int) -> socket.socket:

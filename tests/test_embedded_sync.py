@@ -22,8 +22,8 @@ import pytest
 
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import make_node
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import make_node
 
 STRACE = shutil.which("strace")
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,msync,syncfs"

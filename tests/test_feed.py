@@ -26,9 +26,9 @@ from cellactors.persistence.history.feed import FeedReader, follow_changes, read
 from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import crash, eventually, make_node
-from tests.served_nodes import served_node
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import crash, eventually, make_node
+from tests.helpers.served import served_node
 
 CELL = "Counter:a"
 

@@ -24,7 +24,7 @@ from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
 from tests.conftest import make_s3_bucket
-from tests.fleet_harness import (
+from tests.helpers.fleet import (
     NODE_HEADER,
     Fleet,
     NodeProc,

@@ -19,11 +19,11 @@ from cellactors.persistence.control.wakes import parse_wake_key
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
-from tests.fleet_harness import NODE_HEADER, Fleet, NodeProc, wait_for
+from tests.helpers.fleet import NODE_HEADER, Fleet, NodeProc, wait_for
 
 pytestmark = pytest.mark.fleet
 
-APP = Path(__file__).resolve().parent / "alarm_cells.py"
+APP = Path(__file__).resolve().parent / "helpers" / "alarm_cells.py"
 SCAN = 0.5
 
 

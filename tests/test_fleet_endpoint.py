@@ -13,8 +13,8 @@ import pytest
 from cellactors.errors import BucketError
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings, build_internal_app
-from tests.runtime_helpers import eventually
-from tests.served_nodes import KEY, served_node
+from tests.helpers.runtime import eventually
+from tests.helpers.served import KEY, served_node
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from cellactors.core.routing import reroutable_error
 from cellactors.errors import CallError, NodeUnavailable, PeerRefused, RemoteOwner, StaleRoute
 from cellactors.server import forward
 from cellactors.server.peer_calls import PeerCaller
-from tests.raw_server import RawServer
-from tests.test_server_app import KEY
+from tests.helpers.fake_node import KEY
+from tests.helpers.raw_server import RawServer
 
 
 def answer(status: int, body: dict[str, object]) -> bytes:

@@ -15,9 +15,9 @@ from cellactors.persistence.store.gate import GatedBucket, _local
 from cellactors.persistence.store.gcs import GcsBucket
 from cellactors.persistence.store.metered import MeteredBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import eventually, make_node
-from tests.test_runtime import CuttableBucket
+from tests.helpers.buckets import CuttableBucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually, make_node
 
 
 def test_a_closed_gate_refuses_every_request_before_sending(sw_bucket: S3Bucket) -> None:

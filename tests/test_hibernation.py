@@ -17,8 +17,9 @@ from cellactors.actors.node import collector as collector_module
 from cellactors.actors.ownership import Active
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import (
+from tests.helpers.buckets import CuttableBucket, delta
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import (
     active_of,
     cell_dump,
     crash,
@@ -27,7 +28,6 @@ from tests.runtime_helpers import (
     host_of,
     make_node,
 )
-from tests.test_runtime import CuttableBucket, delta
 
 CELL = "Counter:a"
 

@@ -19,7 +19,7 @@ from cellactors.client import Client
 from cellactors.core import keys
 from cellactors.errors import BadRequest, InvalidCellId
 from cellactors.server.app import ServerSettings
-from tests.test_server_app import WAIT, FakeNode, Served, serving, signed_post, wait_until
+from tests.helpers.fake_node import WAIT, FakeNode, Served, serving, signed_post, wait_until
 
 
 @pytest.mark.parametrize("name", [".", ".."])

@@ -22,8 +22,8 @@ from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import active_of, cell_dump, crash, eventually, make_node, owner_epoch
-from tests.test_runtime import HangingBucket, delta
+from tests.helpers.buckets import HangingBucket, delta
+from tests.helpers.runtime import active_of, cell_dump, crash, eventually, make_node, owner_epoch
 
 WALLET = "Wallet:w"
 

@@ -12,8 +12,8 @@ from cellactors import CellActor
 from cellactors.core.idempotency import MAX_KEY_LENGTH, check_key, valid_key
 from cellactors.errors import BadRequest, CallError
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.served_nodes import served_node
+from tests.helpers.cells import Counter
+from tests.helpers.served import served_node
 
 
 class KeyedCaller(CellActor):

@@ -21,9 +21,9 @@ from cellactors.errors import AmbiguousWrite, BucketError, ClockSkew
 from cellactors.persistence.control.leases import LeaseStore, NodeLease
 from cellactors.persistence.store.bucket import Applied, Bucket, CasResult, Guard, Match
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import eventually
-from tests.test_runtime import CuttableBucket
+from tests.helpers.buckets import CuttableBucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually
 
 LEASE = keys.lease_key("n1")
 TTL = 2.0

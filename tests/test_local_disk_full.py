@@ -24,8 +24,8 @@ from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
-from tests.fleet_harness import NODE_HEADER, Fleet, NodeProc, ledger_entries, wait_for, write_app
-from tests.test_metrics import parse, value
+from tests.helpers.fleet import NODE_HEADER, Fleet, NodeProc, ledger_entries, wait_for, write_app
+from tests.helpers.metrics import parse, value
 
 pytestmark = pytest.mark.fleet
 

@@ -16,8 +16,8 @@ from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.history.snapshots import encode_snapshot
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import crash, eventually, make_node, owner_epoch
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import crash, eventually, make_node, owner_epoch
 
 PREFIX = "Counter:"
 #: The longest SQLite suffix of a database file (a rollback journal).

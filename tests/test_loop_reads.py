@@ -16,8 +16,8 @@ import pytest
 
 from cellactors import CellActor, read_only
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.served_nodes import served_node
+from tests.helpers.cells import Counter
+from tests.helpers.served import served_node
 
 SLOW_SQL = (
     "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "

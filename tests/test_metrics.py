@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import httpx
 import prometheus_client
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from cellactors.actors.metrics import UNSERVED
 from cellactors.core.types import Absent, Match
@@ -17,24 +16,9 @@ from cellactors.errors import UnknownCell
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.metered import MeteredBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import make_node
-from tests.served_nodes import ServedNode, served_node
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    """Every sample of an exposition, by name and label set."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """One sample's value; 0 when the series does not exist (a counter never incremented)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
+from tests.helpers.metrics import Samples, parse, value
+from tests.helpers.runtime import make_node
+from tests.helpers.served import ServedNode, served_node
 
 
 def scrape(http: httpx.Client, served: ServedNode) -> Samples:

@@ -15,8 +15,8 @@ import pytest
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.actors.pools import NodePools
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import TTL
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import TTL
 
 CAP = 2  # ownership pool threads that may run unblocked in this test
 CELLS = 3 * CAP

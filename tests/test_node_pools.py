@@ -9,7 +9,7 @@ import pytest
 
 from cellactors.actors.threadpool import PoolClosed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import eventually, make_node
+from tests.helpers.runtime import eventually, make_node
 
 
 def test_two_nodes_have_their_own_pools_and_stop_them(sw_bucket: S3Bucket) -> None:

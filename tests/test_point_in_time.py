@@ -25,8 +25,8 @@ from cellactors.persistence.history.snapshots import collect_garbage
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Sandbox
-from tests.runtime_helpers import cell_dump, crash, eventually, make_node
+from tests.helpers.cells import Sandbox
+from tests.helpers.runtime import cell_dump, crash, eventually, make_node
 
 CELL = "Sandbox:s"
 

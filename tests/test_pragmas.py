@@ -12,7 +12,7 @@ from cellactors import CellActor, read_only
 from cellactors.core.txn import Txn
 from cellactors.errors import MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import active_of, crash, make_node
+from tests.helpers.runtime import active_of, crash, make_node
 
 
 class Versioned(CellActor):

@@ -33,8 +33,8 @@ from cellactors.persistence.store.qualify import (
     run_listing,
 )
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.fakes.s3_fake import FakeS3
 from tests.faults.proxy import FaultProxy
+from tests.helpers.s3_fake import FakeS3
 
 # Small runs: SeaweedFS makes losers of a race wait, so every round costs about a second.
 WRITERS = 4

@@ -27,8 +27,8 @@ from cellactors.errors import (
 )
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
-from tests.runtime_helpers import active_of, eventually, host_of, make_node
-from tests.test_runtime import HangingBucket
+from tests.helpers.buckets import HangingBucket
+from tests.helpers.runtime import active_of, eventually, host_of, make_node
 
 
 class Reads(CellActor):

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from cellactors.cli import main
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import make_node
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import make_node
 
 
 def _keys(bucket: S3Bucket) -> list[tuple[str, str]]:

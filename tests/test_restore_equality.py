@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cellactors.errors import MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import cell_dump, crash, eventually, make_node
+from tests.helpers.runtime import cell_dump, crash, eventually, make_node
 
 TABLES = {
     "t_rowid": "CREATE TABLE IF NOT EXISTS t_rowid (a, b)",

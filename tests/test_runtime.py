@@ -26,8 +26,9 @@ from cellactors.errors import (
 from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import (
+from tests.helpers.buckets import CuttableBucket, HangingBucket, delta
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import (
     TTL,
     active_of,
     cell_dump,
@@ -40,12 +41,6 @@ from tests.runtime_helpers import (
 )
 
 CELL = "Counter:a"
-
-
-def delta(node: Node, before: Tally[tuple[str, str]]) -> Tally[tuple[str, str]]:
-    after = node.bucket.snapshot()
-    after.subtract(before)
-    return Tally({k: v for k, v in after.items() if v and k[1] != "lease"})
 
 
 def test_read_on_active_cell_makes_no_request(sw_bucket: S3Bucket) -> None:
@@ -222,7 +217,7 @@ def test_losing_the_store_self_fences_within_ttl(sw_bucket: S3Bucket) -> None:
 
 def test_identity_conflict_waits_for_expiry(sw_bucket: S3Bucket) -> None:
     first = make_node(sw_bucket, "same")
-    from cellactors import Node, NodeSettings
+    from cellactors import NodeSettings
 
     second = Node(sw_bucket, "same", [Counter], NodeSettings(lease_ttl=TTL, advertise="x:1"))
     started = threading.Event()
@@ -290,59 +285,6 @@ def test_snapshots_bound_restore_and_gc_only_covered_epochs(sw_bucket: S3Bucket)
         b.stop()
     finally:
         a.stop()
-
-
-class CuttableBucket(Bucket):
-    """Delegates to a real bucket until ``cut``; then every request fails like a partition."""
-
-    def __init__(self, inner: Bucket) -> None:
-        self.inner = inner
-        self.spec = inner.spec
-        self.cut = False
-
-    def _check(self) -> None:
-        if self.cut:
-            from cellactors.errors import BucketError
-
-            raise BucketError("partitioned from the store (test)")
-
-    def get(self, key):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.get(key)
-
-    def head(self, key):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.head(key)
-
-    def put(self, key, body):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.put(key, body)
-
-    def put_cas(self, key, body, guard):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.put_cas(key, body, guard)
-
-    def list(self, prefix):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.list(prefix)
-
-    def delete(self, key):  # type: ignore[no-untyped-def]
-        self._check()
-        return self.inner.delete(key)
-
-
-class HangingBucket(CuttableBucket):
-    """Batch uploads hang until ``release`` is set, like a store that stops answering."""
-
-    def __init__(self, inner: Bucket) -> None:
-        super().__init__(inner)
-        self.hang = False
-        self.release = threading.Event()
-
-    def put(self, key, body):  # type: ignore[no-untyped-def]
-        if self.hang and key.endswith(".batch"):
-            self.release.wait(30)
-        return self.inner.put(key, body)
 
 
 def test_upload_not_proven_within_the_deadline_fails_and_resets(sw_bucket: S3Bucket) -> None:
@@ -517,7 +459,7 @@ def test_a_call_sent_as_its_cell_stops_is_routed_again_not_lost(sw_bucket: S3Buc
     import pykka
 
     from cellactors.actors.messages import Invoke
-    from tests.cells import Slow
+    from tests.helpers.cells import Slow
 
     Slow.gate = threading.Event()
     node = make_node(sw_bucket, "n1")

@@ -26,7 +26,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
-from tests.raw_server import RawServer
+from tests.helpers.raw_server import RawServer
 
 # Key shapes the runtime writes, and characters a path must encode for the signature.
 KEYS = [

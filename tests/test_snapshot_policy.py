@@ -7,8 +7,8 @@ from __future__ import annotations
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core import keys
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.cells import Counter
-from tests.runtime_helpers import eventually, host_of, make_node
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually, host_of, make_node
 
 CELL = "Counter:a"
 

@@ -36,9 +36,9 @@ from cellactors.persistence.celldb.runtime_tables import ALARM_TABLE
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.runtime_helpers import eventually, host_of, make_node
-from tests.test_metrics import parse, value
-from tests.test_runtime import delta
+from tests.helpers.buckets import delta
+from tests.helpers.metrics import parse, value
+from tests.helpers.runtime import eventually, host_of, make_node
 
 BIG_ROW = "INSERT INTO t VALUES (randomblob(100000))"  # needs pages the file lacks
 

@@ -19,7 +19,7 @@ from cellactors.persistence.store.bucket import Absent, Bucket
 from cellactors.persistence.store.embedded import SeaweedServer, free_port
 from cellactors.persistence.store.memory import MemoryBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.fakes.s3_fake import FakeS3
+from tests.helpers.s3_fake import FakeS3
 
 
 @pytest.fixture

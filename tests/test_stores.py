@@ -32,7 +32,7 @@ from cellactors.persistence.store.bucket import (
 )
 from cellactors.persistence.store.embedded import SeaweedServer
 from tests.conftest import make_s3_bucket
-from tests.fixtures_gcs import make_gcs_bucket
+from tests.helpers.gcs import make_gcs_bucket
 
 CELL = "Counter:alice"
 

@@ -11,9 +11,9 @@ import pytest
 from cellactors import NodeSettings
 from cellactors.errors import NodeUnavailable
 from cellactors.testing import Fleet, NodeDown
-from tests.alarm_cells import Account, Hop, Payer, Reminder
-from tests.cells import Counter
-from tests.runtime_helpers import eventually
+from tests.helpers.alarm_cells import Account, Hop, Payer, Reminder
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually
 
 
 def test_failover_test_runs_in_under_two_seconds(cellactors_fleet: Callable[..., Fleet]) -> None:

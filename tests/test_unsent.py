@@ -9,9 +9,9 @@ import pytest
 
 from cellactors.errors import NodeUnavailable, NotDurable, RemoteOwner
 from cellactors.server.peer_calls import PeerCaller
-from tests.raw_server import RawServer
+from tests.helpers.fake_node import KEY
+from tests.helpers.raw_server import RawServer
 from tests.test_client_retries import BIG
-from tests.test_server_app import KEY
 
 
 def owner_at(server: RawServer) -> RemoteOwner:

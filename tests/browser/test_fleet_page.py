@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.served_nodes import ServedNode, served_node
+from tests.helpers.served import ServedNode, served_node
 
 pytestmark = pytest.mark.browser
 

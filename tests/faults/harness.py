@@ -1,9 +1,9 @@
 """A fleet of real ``cellactors serve`` processes, each reaching SeaweedFS through its own
 :class:`~tests.faults.proxy.FaultProxy`, so a fault can target one node.
 
-Built by composition on ``tests/fleet_harness.py``: every node is a
-:class:`~tests.fleet_harness.NodeProc` (with ``--endpoint`` set to its proxy) inside a
-:class:`~tests.fleet_harness.Fleet`; :class:`FaultNode` pairs it with its proxy and reads its
+Built by composition on ``tests/helpers/fleet.py``: every node is a
+:class:`~tests.helpers.fleet.NodeProc` (with ``--endpoint`` set to its proxy) inside a
+:class:`~tests.helpers.fleet.Fleet`; :class:`FaultNode` pairs it with its proxy and reads its
 log (stderr and stdout go to one file per start) and exit status.
 """
 
@@ -23,7 +23,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.ledger import Ledger, check_ledgers
 from tests.faults.proxy import FaultProxy, Request
-from tests.fleet_harness import Fleet, NodeProc, wait_for, write_app
+from tests.helpers.fleet import Fleet, NodeProc, wait_for, write_app
 
 # The runtime's logging format: "%(asctime)s %(levelname)s %(name)s: %(message)s".
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+) ([\w.]+): (.*)$")

@@ -1,6 +1,6 @@
 """The ledger checker: what the fleet acknowledged must be exactly what the bucket keeps.
 
-Writers append unique entries to ``Ledger`` cells (the app of ``tests/fleet_harness.py``)
+Writers append unique entries to ``Ledger`` cells (the app of ``tests/helpers/fleet.py``)
 through the nodes' public HTTP and record every attempt: acknowledged (HTTP 200), or an
 error with the outcome its body states (``not_run`` | ``unknown`` | ``failed``). The checker
 then reads each ledger twice, live through a node's ``entries`` method and through
@@ -36,7 +36,7 @@ import httpx
 
 from cellactors.core import keys
 from tests.faults.proxy import Request
-from tests.fleet_harness import NODE_HEADER, ledger_entries
+from tests.helpers.fleet import NODE_HEADER, ledger_entries
 
 NOT_RUN, UNKNOWN, FAILED = "not_run", "unknown", "failed"
 _restores = itertools.count()

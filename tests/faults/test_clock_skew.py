@@ -13,7 +13,7 @@ import pytest
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultNode, is_log_line, keeps_serving, warm
 from tests.faults.ledger import Ledger
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -25,7 +25,7 @@ from cellactors.client import Client
 from cellactors.errors import CallError, NotDurable
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, FaultNode
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

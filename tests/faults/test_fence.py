@@ -14,7 +14,7 @@ import pytest
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import held_calls, warm
 from tests.faults.ledger import UNKNOWN, Attempt
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -14,7 +14,7 @@ from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, FaultNode, keeps_serving, warm
 from tests.faults.ledger import Ledger
 from tests.faults.proxy import Request
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -16,7 +16,7 @@ import pytest
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FENCE_MARK, FaultNode, progress, warm
 from tests.faults.ledger import Attempt, LedgerWriter
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -21,7 +21,7 @@ from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy, classify
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

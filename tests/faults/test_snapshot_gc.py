@@ -14,7 +14,7 @@ import pytest
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, warm
 from tests.faults.ledger import Attempt
-from tests.fleet_harness import wait_for
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

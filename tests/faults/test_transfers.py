@@ -17,7 +17,7 @@ from cellactors.client import Client
 from cellactors.errors import CallError
 from cellactors.persistence.store.embedded import SeaweedServer
 from tests.conftest import make_s3_bucket
-from tests.fleet_harness import Fleet, NodeProc, wait_for
+from tests.helpers.fleet import Fleet, NodeProc, wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from cellactors.core import keys
-from tests.clockshift import WallShift, build
 from tests.faults.conftest import MakeFaultFleet
 from tests.faults.harness import FaultFleet, FaultNode, warm
 from tests.faults.ledger import Ledger
-from tests.fleet_harness import wait_for
+from tests.helpers.clockshift import WallShift, build
+from tests.helpers.fleet import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import socket
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -12,11 +13,10 @@ from typing import Any
 
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.persistence.store.bucket import Bucket
-from cellactors.persistence.store.embedded import free_port
 from cellactors.server.app import ServerSettings
 from cellactors.server.runner import Runner
-from tests.cells import Counter, Sandbox
-from tests.runtime_helpers import TTL, eventually
+from tests.helpers.cells import Counter, Sandbox
+from tests.helpers.runtime import TTL, eventually
 
 KEY = bytes(range(32))
 
@@ -51,7 +51,10 @@ def served_node(
     """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
     then drain it (as SIGTERM would) and stop it. ``node_settings`` are more
     :class:`NodeSettings`."""
-    public_port, internal_port = free_port(), free_port()
+    # Bound here and held until the servers listen on them: a port merely "free a moment
+    # ago" may be taken by another test worker before the runner binds it.
+    held = {which: _bound_socket() for which in ("public", "internal")}
+    public_port, internal_port = (held[w].getsockname()[1] for w in ("public", "internal"))
     tunables = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{internal_port}", **node_settings)
     node = Node(bucket, node_id, list(classes), tunables).start()
     runner = Runner(
@@ -61,6 +64,7 @@ def served_node(
         internal=("127.0.0.1", internal_port),
         settings=settings,
         fence_stream=io.StringIO(),
+        sockets=held,
     )
     served = ServedNode(node, runner, public_port, internal_port)
 
@@ -78,3 +82,11 @@ def served_node(
         thread.join(30)
         node.stop()
         assert not thread.is_alive(), f"runner of {node_id} did not stop"
+
+
+def _bound_socket() -> socket.socket:
+    """A TCP socket bound to a free port on loopback, not yet listening."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock

@@ -27,7 +27,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COUNTER_APP = REPO / "examples" / "counter.py"
 NODE_HEADER = "X-Cellactors-Node"
 

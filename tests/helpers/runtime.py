@@ -15,7 +15,7 @@ from cellactors.core.types import Applied, Match
 from cellactors.persistence.celldb.database import dump
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.store.bucket import Bucket
-from tests.cells import Counter, Sandbox
+from tests.helpers.cells import Counter, Sandbox
 
 T = TypeVar("T")
 

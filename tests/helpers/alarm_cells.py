@@ -1,5 +1,5 @@
 """Cells of the alarm, call-between-cells and outbox tests. Also served as an app by the
-fleet tests (``--app tests/alarm_cells.py``), so it imports nothing but cellactors."""
+fleet tests (``--app tests/helpers/alarm_cells.py``), so it imports nothing but cellactors."""
 
 from __future__ import annotations
 

@@ -1,0 +1,68 @@
+"""Buckets that misbehave on purpose (cut off, hanging) and request tallies of a node."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as Tally
+
+from cellactors import Node
+from cellactors.persistence.store.bucket import Bucket
+
+
+def delta(node: Node, before: Tally[tuple[str, str]]) -> Tally[tuple[str, str]]:
+    after = node.bucket.snapshot()
+    after.subtract(before)
+    return Tally({k: v for k, v in after.items() if v and k[1] != "lease"})
+
+
+class CuttableBucket(Bucket):
+    """Delegates to a real bucket until ``cut``; then every request fails like a partition."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.cut = False
+
+    def _check(self) -> None:
+        if self.cut:
+            from cellactors.errors import BucketError
+
+            raise BucketError("partitioned from the store (test)")
+
+    def get(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.get(key)
+
+    def head(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.head(key)
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.put(key, body)
+
+    def put_cas(self, key, body, guard):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.put_cas(key, body, guard)
+
+    def list(self, prefix):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.list(prefix)
+
+    def delete(self, key):  # type: ignore[no-untyped-def]
+        self._check()
+        return self.inner.delete(key)
+
+
+class HangingBucket(CuttableBucket):
+    """Batch uploads hang until ``release`` is set, like a store that stops answering."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner)
+        self.hang = False
+        self.release = threading.Event()
+
+    def put(self, key, body):  # type: ignore[no-untyped-def]
+        if self.hang and key.endswith(".batch"):
+            self.release.wait(30)
+        return self.inner.put(key, body)
