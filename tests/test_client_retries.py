@@ -23,11 +23,7 @@ from cellactors.core.changes import Change
 from cellactors.errors import NodeUnavailable, NotDurable
 from cellactors.server.app import ServerSettings
 from tests.helpers.fake_node import FakeNode, Served, serving
-from tests.helpers.raw_server import RawServer
-
-#: Arguments too large to fit in the socket buffers of a loopback connection whose receiver
-#: reads nothing: writing them blocks until the receiver's reset fails the write.
-BIG = "x" * (24 << 20)
+from tests.helpers.raw_server import BIG, RawServer
 
 
 def ok_answer(payload: object, content_type: str = "application/json") -> bytes:

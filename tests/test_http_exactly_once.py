@@ -26,9 +26,17 @@ from cellactors.errors import (
     RemoteOwner,
 )
 from cellactors.server import signing
-from tests.helpers.fake_node import KEY, WAIT, FakeNode, Served, serving, signed_post
+from tests.helpers.fake_node import (
+    KEY,
+    WAIT,
+    FakeNode,
+    Served,
+    owner_route,
+    post,
+    serving,
+    signed_post,
+)
 from tests.helpers.raw_server import RawServer
-from tests.test_server_app import owner_route, post
 
 
 @pytest.fixture

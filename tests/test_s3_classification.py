@@ -12,8 +12,8 @@ import pytest
 from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.store.bucket import Absent, Applied, Match, Rejected
 from cellactors.persistence.store.s3 import S3Bucket
+from tests.helpers.boto_sends import BotoSends
 from tests.helpers.s3_fake import FakeS3, StoredBody, etag_of
-from tests.test_s3_direct import BotoSends
 
 BUCKET = "classify"
 KEY = "cells/Counter:a/own.json"

@@ -26,6 +26,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Undecided
 from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
+from tests.helpers.boto_sends import OK_HEAD, BotoSends
 from tests.helpers.raw_server import RawServer
 
 # Key shapes the runtime writes, and characters a path must encode for the signature.
@@ -35,24 +36,6 @@ KEYS = [
     "odd/a b+c%d~e=f&g,h;i@j(k)'l!m*n",
     "odd/\u00e9t\u00e9/\u65e5\u672c",
 ]
-
-
-class BotoSends:
-    """Counts the HTTP requests boto3 sends through one client (its before-send event)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.count = 0
-
-    def __call__(self, **_kwargs: Any) -> None:
-        self.count += 1
-
-    def __enter__(self) -> BotoSends:
-        self.client.meta.events.register("before-send.s3", self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.meta.events.unregister("before-send.s3", self)
 
 
 def test_direct_requests_verify_on_real_stores_and_bypass_boto3(s3_endpoint: str) -> None:
@@ -220,9 +203,6 @@ def test_the_direct_path_speaks_tls_and_checks_the_certificate(tmp_path: Path) -
         assert len(store.requests) == 1
     finally:
         store.close()
-
-
-OK_HEAD = b'HTTP/1.1 200 OK\r\nETag: "e"\r\n'
 
 
 @pytest.mark.parametrize(

@@ -29,15 +29,12 @@ from tests.helpers.fake_node import (
     FakeNode,
     Served,
     free_port,
+    owner_route,
+    post,
     serving,
     signed_post,
     wait_until,
 )
-
-
-def owner_route(served: Served) -> RemoteOwner:
-    """What the runtime raises when ``served``'s node owns the cell (lease: addr, generation)."""
-    return RemoteOwner(served.node.node_id, served.internal, served.node.generation)
 
 
 @pytest.fixture
@@ -55,12 +52,6 @@ def served(node: FakeNode) -> Iterator[Served]:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=WAIT) as client:
         yield client
-
-
-def post(http: httpx.Client, base: str, path: str, body: Any = None, **kw: Any) -> httpx.Response:
-    if body is None:
-        return http.post(base + path, **kw)
-    return http.post(base + path, json=body, **kw)
 
 
 # --- public calls -------------------------------------------------------------------------

@@ -10,8 +10,7 @@ import pytest
 from cellactors.errors import NodeUnavailable, NotDurable, RemoteOwner
 from cellactors.server.peer_calls import PeerCaller
 from tests.helpers.fake_node import KEY
-from tests.helpers.raw_server import RawServer
-from tests.test_client_retries import BIG
+from tests.helpers.raw_server import BIG, RawServer
 
 
 def owner_at(server: RawServer) -> RemoteOwner:

@@ -349,3 +349,14 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def owner_route(served: Served) -> RemoteOwner:
+    """What the runtime raises when ``served``'s node owns the cell (lease: addr, generation)."""
+    return RemoteOwner(served.node.node_id, served.internal, served.node.generation)
+
+
+def post(http: httpx.Client, base: str, path: str, body: Any = None, **kw: Any) -> httpx.Response:
+    if body is None:
+        return http.post(base + path, **kw)
+    return http.post(base + path, json=body, **kw)

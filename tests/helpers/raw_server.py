@@ -11,6 +11,9 @@ import threading
 from typing import Literal
 
 WAIT = 10.0  # upper bound for every wait
+#: Arguments too large to fit in the socket buffers of a loopback connection whose receiver
+#: reads nothing: writing them blocks until the receiver's reset fails the write.
+BIG = "x" * (24 << 20)
 #: What the server does with each connection: read the whole request and answer ``reply``
 #: (or close), or reset the connection (RST) after reading the head only, or the whole
 #: request.
