@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterator
 
-import boto3
 import pytest
 
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.faults.proxy import FaultProxy
+from tests.helpers.stores import make_s3_bucket
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-
-_names = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -39,17 +36,6 @@ def moto_server() -> Iterator[str]:
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
-
-
-def new_bucket_name(tag: str = "t") -> str:
-    return f"{tag}-{os.getpid()}-{next(_names)}"
-
-
-def make_s3_bucket(endpoint: str, prefix: str = "") -> S3Bucket:
-    """A fresh, empty bucket on ``endpoint``."""
-    name = new_bucket_name()
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
-    return S3Bucket(name, prefix, endpoint=endpoint)
 
 
 @pytest.fixture

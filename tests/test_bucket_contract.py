@@ -24,8 +24,8 @@ from cellactors.persistence.store.bucket import (
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.gcs import EMULATOR_VAR, GcsBucket
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import new_bucket_name
 from tests.helpers.gcs import new_gcs_bucket_name
+from tests.helpers.stores import new_bucket_name
 
 
 @dataclass

@@ -16,8 +16,8 @@ import pytest
 
 from cellactors.client import Client
 from cellactors.persistence.store.embedded import SeaweedServer
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import Fleet, NodeProc, write_app
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.fleet
 

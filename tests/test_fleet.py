@@ -23,7 +23,6 @@ import pytest
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import (
     NODE_HEADER,
     Fleet,
@@ -33,6 +32,7 @@ from tests.helpers.fleet import (
     wait_for,
     write_app,
 )
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.fleet
 

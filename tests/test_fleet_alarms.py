@@ -18,8 +18,8 @@ import pytest
 from cellactors.persistence.control.wakes import parse_wake_key
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import NODE_HEADER, Fleet, NodeProc, wait_for
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.fleet
 

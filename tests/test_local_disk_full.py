@@ -23,9 +23,9 @@ from cellactors.client import Client
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import NODE_HEADER, Fleet, NodeProc, ledger_entries, wait_for, write_app
 from tests.helpers.metrics import parse, value
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.fleet
 

@@ -22,10 +22,10 @@ from cellactors.persistence.history.seals import read_seal
 from cellactors.persistence.store.bucket import Bucket, ObjectInfo, StoredObject
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 from tests.helpers.cells import Counter
 from tests.helpers.runtime import cell_dump, eventually, make_node
+from tests.helpers.stores import make_s3_bucket
 
 CELL = "Counter:a"
 ROOT = keys.cell_root(CELL)

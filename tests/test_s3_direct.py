@@ -24,10 +24,10 @@ from cellactors.errors import BucketError, Fenced
 from cellactors.persistence.store.gate import GatedBucket
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Undecided
-from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 from tests.helpers.boto_sends import OK_HEAD, BotoSends
 from tests.helpers.raw_server import RawServer
+from tests.helpers.stores import make_s3_bucket
 
 # Key shapes the runtime writes, and characters a path must encode for the signature.
 KEYS = [

@@ -17,11 +17,11 @@ from cellactors.persistence.store.bucket import Absent, Applied, Match, Rejected
 from cellactors.persistence.store.gate import GatedBucket
 from cellactors.persistence.store.keepalive import Connection, StaleConnection
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy
 from tests.helpers.boto_sends import OK_HEAD, BotoSends
 from tests.helpers.raw_server import RawServer
 from tests.helpers.runtime import eventually
+from tests.helpers.stores import make_s3_bucket
 
 KEY = "cells/Counter:a/own.json"
 

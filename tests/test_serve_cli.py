@@ -17,9 +17,9 @@ import pytest
 from cellactors.persistence.store.embedded import SeaweedServer, free_port
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.persistence.store.spec import ACCEPTED_FORMS
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import COUNTER_APP, NodeProc, cell_keys, write_app
 from tests.helpers.s3_fake import running_fake
+from tests.helpers.stores import make_s3_bucket
 
 CLI = [sys.executable, "-m", "cellactors.cli", "serve"]
 

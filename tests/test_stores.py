@@ -31,8 +31,8 @@ from cellactors.persistence.store.bucket import (
     StoredObject,
 )
 from cellactors.persistence.store.embedded import SeaweedServer
-from tests.conftest import make_s3_bucket
 from tests.helpers.gcs import make_gcs_bucket
+from tests.helpers.stores import make_s3_bucket
 
 CELL = "Counter:alice"
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.faults.ledger import Ledger, check_ledgers
 from tests.faults.proxy import FaultProxy, Request
 from tests.helpers.fleet import Fleet, NodeProc, wait_for, write_app
+from tests.helpers.stores import make_s3_bucket
 
 # The runtime's logging format: "%(asctime)s %(levelname)s %(name)s: %(message)s".
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+) ([\w.]+): (.*)$")

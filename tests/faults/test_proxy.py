@@ -19,9 +19,9 @@ from cellactors.errors import AmbiguousWrite
 from cellactors.persistence.store.bucket import Absent, Applied, CasResult, Match, Rejected
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.conftest import make_s3_bucket
 from tests.faults.proxy import FaultProxy, classify
 from tests.helpers.fleet import wait_for
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.faults
 

@@ -16,8 +16,8 @@ import pytest
 from cellactors.client import Client
 from cellactors.errors import CallError
 from cellactors.persistence.store.embedded import SeaweedServer
-from tests.conftest import make_s3_bucket
 from tests.helpers.fleet import Fleet, NodeProc, wait_for
+from tests.helpers.stores import make_s3_bucket
 
 pytestmark = pytest.mark.faults
 
