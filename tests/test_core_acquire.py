@@ -110,3 +110,12 @@ def test_confirmed(read_back: OwnerRecord | None, expected: bool) -> None:
 def test_bounds() -> None:
     assert acquire.MAX_ATTEMPTS >= 1
     assert acquire.MAX_AMBIGUOUS == 3
+
+
+def test_names_is_the_one_ownership_test() -> None:
+    record = OwnerRecord(node="n1", epoch=3, token="t")
+    assert acquire.names(record, "n1", 3)
+    assert not acquire.names(record, "n1", 2)  # an older activation of the same node
+    assert not acquire.names(record, "n2", 3)
+    assert not acquire.names(None, "n1", 3)
+    assert not acquire.names(OwnerRecord(node="", epoch=3, token="t"), "n1", 3)  # released

@@ -23,7 +23,7 @@ from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Flush, Kick, ask_attribute
 from cellactors.actors.pools import NodePools
 from cellactors.actors.pykka_ext import PooledActor
-from cellactors.actors.replicator import EffectSink, Replicator, owner_still
+from cellactors.actors.replicator import EffectSink, Replicator
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire as acq
@@ -376,9 +376,7 @@ class OwnershipActor(PooledActor):
     def _owns(self, epoch: int) -> bool:
         """A fresh read of ``own.json`` still names this node at ``epoch``."""
         record = self.ownership.read_owner(self.cell_id)
-        return record is not None and owner_still(
-            record.node, record.epoch, self.ownership.node, epoch
-        )
+        return acq.names(record, self.ownership.node, epoch)
 
     def _restore_from_bucket(
         self, path: Path, epoch: int, floor: int

@@ -23,7 +23,7 @@ from cellactors.actors.messages import Flush, Kick, TakeImage
 from cellactors.actors.pools import NodePools
 from cellactors.actors.pykka_ext import PooledActor, queued
 from cellactors.actors.snapshots import ChainState, SnapshotPolicy, SnapshotWorker
-from cellactors.core import keys
+from cellactors.core import acquire, keys
 from cellactors.core.txn import Txn
 from cellactors.errors import BucketError, CallError, Fenced, NotDurable
 from cellactors.persistence.control.ownership import OwnerRecord, OwnershipStore
@@ -32,7 +32,7 @@ from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChainState", "Replicator", "SnapshotPolicy", "owner_still"]
+__all__ = ["ChainState", "Replicator", "SnapshotPolicy"]
 
 # Store requests of all replicators run here so that a hung one can be abandoned at the
 # operation deadline without blocking the replicator past it.
@@ -51,11 +51,6 @@ class EffectSink(Protocol):
     def before_upload(self, effects: list[Any]) -> None: ...
 
     def after_ack(self, effects: list[Any]) -> None: ...
-
-
-def owner_still(record_node: str | None, record_epoch: int | None, me: str, epoch: int) -> bool:
-    """The acknowledgement condition: the re-read names this node at this epoch."""
-    return record_node == me and record_epoch == epoch
 
 
 class Replicator(PooledActor):
@@ -177,9 +172,9 @@ class Replicator(PooledActor):
             record = self._retry(
                 lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read"
             )
-        node = record.node if record else None
-        epoch = record.epoch if record else None
-        if not owner_still(node, epoch, self.ownership.node, self.epoch):
+        if not acquire.names(record, self.ownership.node, self.epoch):
+            node = record.node if record else None
+            epoch = record.epoch if record else None
             raise NotDurable(
                 f"ownership lost: own.json names {node!r} at epoch {epoch}, not "
                 f"{self.ownership.node!r} at {self.epoch}; the write is not known durable"
@@ -221,9 +216,7 @@ class Replicator(PooledActor):
     def owns(self) -> bool:
         """A fresh read of ``own.json`` still names this activation (snapshot GC asks)."""
         record = self.ownership.read_owner(self.cell_id)
-        return record is not None and owner_still(
-            record.node, record.epoch, self.ownership.node, self.epoch
-        )
+        return acquire.names(record, self.ownership.node, self.epoch)
 
     def _maybe_snapshot(self) -> None:
         """Ask the cell for an image when the chain is long; upload it (off the ack path)

@@ -98,6 +98,13 @@ def decide(
     )
 
 
+def names(record: OwnerRecord | None, node: str, epoch: int) -> bool:
+    """Whether an ownership record names ``node`` at ``epoch``: the one test behind every
+    "do I still own this cell" (an acknowledgement's re-read, a release, a collection, a
+    claim read back)."""
+    return record is not None and record.node == node and record.epoch == epoch
+
+
 def confirmed(me: str, claim: Claim, read_back: OwnerRecord | None) -> bool:
     """After an ambiguous claim: did it apply? Only if the record names us at the new epoch."""
-    return read_back is not None and read_back.node == me and read_back.epoch == claim.epoch
+    return names(read_back, me, claim.epoch)

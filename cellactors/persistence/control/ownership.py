@@ -10,7 +10,7 @@ so the body never repeats and a stale ETag cannot match again (ABA).
 
 from __future__ import annotations
 
-from cellactors.core import keys
+from cellactors.core import acquire, keys
 from cellactors.core.types import OwnerRecord
 from cellactors.errors import BucketError
 from cellactors.persistence.store import records
@@ -51,7 +51,7 @@ class OwnershipStore:
         Returns Rejected (and writes nothing) when someone else owns the cell now.
         """
         current = self.read_owner(cell_id)
-        if current is None or current.node != self.node or current.epoch != epoch:
+        if current is None or not acquire.names(current, self.node, epoch):
             return Rejected("not owner")
         body = records.encode({"node": "", "epoch": epoch, "acked_txid": acked_txid})
         return self.bucket.put_cas(keys.owner_key(cell_id), body, Match(current.token))
