@@ -104,6 +104,21 @@ def test_unknown_class_is_404_without_calling_the_node(served: Served, http: htt
     assert served.node.calls == []
 
 
+def test_deep_or_out_of_range_arguments_are_400_not_run_without_calling_the_node(
+    served: Served, http: httpx.Client
+) -> None:
+    deep = b'{"name": ' + b"[" * 500 + b"]" * 500 + b"}"
+    for body in (deep, b'{"name": 1e400}'):
+        r = http.post(
+            served.public + "/cells/Counter/a/increment",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400, r.text
+        assert (r.json()["error"], r.json()["outcome"]) == ("bad_request", "not_run")
+    assert served.node.calls == []
+
+
 def test_unknown_or_private_method_is_404(served: Served, http: httpx.Client) -> None:
     r = post(http, served.public, "/cells/Counter/a/nope", {})
     assert r.status_code == 404

@@ -264,3 +264,31 @@ def test_idempotency_keys(values: list[str], expected: str | None) -> None:
 def test_malformed_or_repeated_idempotency_keys_are_bad_requests(values: list[str]) -> None:
     with pytest.raises(BadRequest, match="Idempotency-Key"):
         codec.idempotency_key(values)
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e999", b"123456789e999"])
+def test_json_numbers_that_do_not_fit_a_float_are_bad_requests(number: bytes) -> None:
+    # json would parse them to infinity: stored, then no JSON answer or feed could carry it.
+    with pytest.raises(BadRequest, match="out of range"):
+        codec.decode_kwargs(b'{"x": ' + number + b"}", "json")
+    assert codec.decode_kwargs(b'{"x": 1.5e300}', "json") == {"x": 1.5e300}
+
+
+def test_msgpack_infinities_and_nans_are_bad_requests() -> None:
+    for value in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(BadRequest, match="JSON cannot carry"):
+            codec.decode_kwargs(msgpack.packb({"x": [1, {"y": value}]}), "msgpack")
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_arguments_nest_at_most_max_nesting_levels(encoding: codec.Encoding) -> None:
+    def nested(levels: int) -> dict[str, Any]:
+        value: Any = 1
+        for _ in range(levels - 1):
+            value = [value]
+        return {"x": value}
+
+    fits = nested(codec.MAX_NESTING)  # the body object is the first level
+    assert codec.decode_kwargs(codec.encode(fits, encoding), encoding) == fits
+    with pytest.raises(BadRequest, match="nest deeper"):
+        codec.decode_kwargs(codec.encode(nested(codec.MAX_NESTING + 1), encoding), encoding)

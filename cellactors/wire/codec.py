@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -125,6 +126,36 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it does not fit one (``1e400`` would become
+    infinity, which no JSON answer or feed record could carry back)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+#: How deeply a call's arguments may nest (objects and arrays): far beyond any real call,
+#: well within what every layer below (msgpack, SQLite, the argument digest) handles.
+MAX_NESTING = 64
+
+
+def check_arguments_shape(value: Any) -> None:
+    """Refuse (:class:`BadRequest`, ``not_run``) arguments nested deeper than
+    :data:`MAX_NESTING`, or holding a float that is not finite (msgpack can carry one; no
+    JSON reader of the answer or the feed could)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise BadRequest(f"arguments hold the number {item}, which JSON cannot carry")
+        if isinstance(item, dict | list | tuple):
+            if depth >= MAX_NESTING:
+                raise BadRequest(f"arguments nest deeper than {MAX_NESTING} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
 # What ``json.dumps(value, default=..., separators=..., allow_nan=False)`` would build on
 # every call (it keeps no state between calls, so one serves every thread).
 _JSON = json.JSONEncoder(default=_json_default, separators=(",", ":"), allow_nan=False)
@@ -144,7 +175,12 @@ def decode(body: bytes, encoding: Encoding) -> Any:
     try:
         if encoding == "msgpack":
             return msgpack.unpackb(body, raw=False, strict_map_key=False)
-        return json.loads(body, object_hook=_json_hook, parse_constant=_refuse_constant)
+        return json.loads(
+            body,
+            object_hook=_json_hook,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+        )
     except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
         raise BadRequest(f"malformed {encoding} body: {e}") from None
 
@@ -159,6 +195,7 @@ def decode_kwargs(body: bytes, encoding: Encoding) -> dict[str, Any]:
     for key in value:
         if not isinstance(key, str) or not key.isidentifier():
             raise BadRequest(f"argument name {key!r} is not a valid identifier")
+    check_arguments_shape(value)
     return value
 
 
