@@ -27,6 +27,7 @@ refused instead of deadlocking.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -117,9 +118,25 @@ def _exposed(cls: type) -> frozenset[str]:
     return frozenset(
         name
         for name in dir(cls)
-        if not name.startswith("_")
-        and not hasattr(CellActor, name)
-        and callable(getattr(cls, name, None))
+        if not name.startswith("_") and not hasattr(CellActor, name) and _is_method(cls, name)
+    )
+
+
+def _is_method(cls: type, name: str) -> bool:
+    """Whether ``name`` is a method written in the body of ``cls`` or of one of its bases
+    (a plain, static or class method; decorated, its decorator keeps ``functools.wraps``),
+    not any other callable a class may hold: an alias of a function defined elsewhere
+    (``dumps = staticmethod(json.dumps)``), a ``functools.partial``, a nested class, a
+    callable object."""
+    raw = inspect.getattr_static(cls, name, None)
+    if isinstance(raw, staticmethod | classmethod):
+        raw = raw.__func__
+    if not inspect.isfunction(raw):
+        return False
+    written = inspect.unwrap(raw)
+    owner = written.__qualname__.rpartition(".")[0]
+    return any(
+        base.__qualname__ == owner and base.__module__ == written.__module__ for base in cls.__mro__
     )
 
 
