@@ -286,6 +286,24 @@ def test_load_app_from_file_never_shadows_a_module(tmp_path: Path) -> None:
     assert {"increment", "get"} <= classes[0].exposed_methods()
 
 
+def test_a_sibling_of_the_app_file_never_shadows_an_installed_package(tmp_path: Path) -> None:
+    """A ``uvicorn.py`` (here ``httpx.py``) beside the app must not replace the installed
+    package; other siblings still import. In a fresh interpreter, so nothing is imported."""
+    (tmp_path / "app.py").write_text(COUNTER_APP.read_text())
+    (tmp_path / "sibling_probe.py").write_text("SIBLING = True\n")
+    (tmp_path / "httpx.py").write_text("raise RuntimeError('the shadow ran')\n")
+    probe = (
+        "from cellactors.cli.app_loader import load_app\n"
+        f"load_app({str(tmp_path / 'app.py')!r})\n"
+        "import httpx, sibling_probe\n"
+        "print(httpx.__file__, sibling_probe.SIBLING)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "site-packages" in out and out.strip().endswith("True"), out
+
+
 def test_load_app_skips_imported_cell_classes(tmp_path: Path) -> None:
     from cellactors.cli.app_loader import load_app
     from cellactors.errors import ConfigError
@@ -325,3 +343,18 @@ def test_listener_defaults_and_advertise() -> None:
     plan = plan_listeners("0.0.0.0:8080", "0.0.0.0:9000", "10.1.2.3:9000")
     assert str(plan.advertise) == "10.1.2.3:9000"
     assert str(plan_listeners("[::1]:8080", None, None).public) == "[::1]:8080"
+
+
+def test_the_python_api_listens_on_loopback_by_default_as_the_command_does() -> None:
+    """Nothing is open to other machines unless asked: the Runner and serve_node defaults
+    match ``cellactors serve``'s (docs/http-api.md)."""
+    import inspect
+
+    from cellactors.cli.listeners import DEFAULT_INTERNAL, DEFAULT_LISTEN
+    from cellactors.server.runner import Runner, serve_node
+
+    for api in (Runner, serve_node):
+        params = inspect.signature(api).parameters
+        public, internal = params["public"].default, params["internal"].default
+        assert f"{public[0]}:{public[1]}" == DEFAULT_LISTEN
+        assert f"{internal[0]}:{internal[1]}" == DEFAULT_INTERNAL

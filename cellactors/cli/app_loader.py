@@ -24,8 +24,9 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _import_file(path: Path) -> ModuleType:
-    """Import a source file as a module named after it (its directory goes on sys.path so
-    sibling imports work)."""
+    """Import a source file as a module named after it. Its directory goes on sys.path
+    (last, so a sibling file never shadows an installed package such as uvicorn) so that
+    sibling imports work."""
     if not path.is_file():
         raise ConfigError(f"--app {path}: no such file")
     name = path.stem
@@ -35,7 +36,7 @@ def _import_file(path: Path) -> ModuleType:
         name = f"cellactors_app_{name}"  # never shadow an imported or standard module
     folder = str(path.resolve().parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"--app {path}: cannot be loaded as a Python module")
@@ -58,7 +59,7 @@ def load_module(spec: str) -> ModuleType:
         if _looks_like_path(spec):
             return _import_file(Path(spec))
         if "." not in sys.path and "" not in sys.path:
-            sys.path.insert(0, "")  # like `python -m`: the working directory is importable
+            sys.path.append("")  # the working directory is importable, last (never shadows)
         return importlib.import_module(spec)
     except ConfigError:
         raise

@@ -116,7 +116,7 @@ class Runner:
         node: NodeLike,
         fleet_key: bytes,
         *,
-        public: tuple[str, int] = ("0.0.0.0", 8080),
+        public: tuple[str, int] = ("127.0.0.1", 8080),
         internal: tuple[str, int] = ("127.0.0.1", 8081),
         settings: ServerSettings | None = None,
         fence: FenceLatch | None = None,
@@ -310,7 +310,7 @@ def _bound_address(server: uvicorn.Server) -> tuple[str, int]:
 def serve_node(
     node: NodeLike,
     fleet_key: bytes,
-    public: tuple[str, int] = ("0.0.0.0", 8080),
+    public: tuple[str, int] = ("127.0.0.1", 8080),
     internal: tuple[str, int] = ("127.0.0.1", 8081),
     settings: ServerSettings | None = None,
     *,
