@@ -334,6 +334,16 @@ class PayloadTooLarge(BadRequest):
         self.drained = drained  # False: unread bytes remain, the connection must close
 
 
+class UnsupportedMediaType(CallError):
+    """A call whose body is not declared ``application/json`` or ``application/msgpack``:
+    refused before anything is read, so that a page on another origin cannot make a
+    browser send a call without a CORS preflight (a form or ``text/plain`` post)."""
+
+    status = 415
+    code = "unsupported_media_type"
+    outcome = NOT_RUN
+
+
 class Unauthorized(CallError):
     """A peer request failed signature verification; it was not executed."""
 
@@ -405,6 +415,7 @@ _BY_CODE: dict[str, type[CallError]] = {
         UnknownMethod,
         BadRequest,
         PayloadTooLarge,
+        UnsupportedMediaType,
         NotDurable,
         NodeUnavailable,
         NodeStorageFault,

@@ -89,6 +89,7 @@ def test_literal_dot_segments_are_400_not_another_route(served: Served, name: st
     answer = raw_request(
         served.public,
         f"POST /cells/Counter/{name}/increment HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\n"
         "Content-Length: 2\r\nConnection: close\r\n\r\n{}".encode(),
     )
     status_line, _, rest = answer.partition(b"\r\n")

@@ -201,7 +201,7 @@ def test_invalid_keys_are_400_before_the_node(served: Served, http: httpx.Client
     r = http.post(
         served.public + "/cells/Counter/a/increment",
         content=b"{}",
-        headers=[(b"Idempotency-Key", bad.encode("utf-8"))],
+        headers=[(b"Idempotency-Key", bad.encode("utf-8")), (b"Content-Type", b"application/json")],
     )
     assert r.status_code == 400
     assert r.json()["error"] == "bad_request"
@@ -213,7 +213,11 @@ def test_repeated_key_header_is_400(served: Served, http: httpx.Client) -> None:
     r = http.post(
         served.public + "/cells/Counter/a/increment",
         content=b"{}",
-        headers=[("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")],
+        headers=[
+            ("Idempotency-Key", "k1"),
+            ("Idempotency-Key", "k2"),
+            ("Content-Type", "application/json"),
+        ],
     )
     assert r.status_code == 400
     assert served.node.calls == []

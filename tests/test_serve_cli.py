@@ -24,6 +24,9 @@ from tests.helpers.stores import make_s3_bucket
 CLI = [sys.executable, "-m", "cellactors.cli", "serve"]
 
 
+JSON_HEADERS = {"content-type": "application/json"}
+
+
 def run_serve(
     args: list[str], cwd: Path, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
@@ -157,8 +160,8 @@ def test_embedded_default_store(tmp_path: Path, nodes: list[NodeProc]) -> None:
     node.start().ready(60)
     url = node.public_url + "/cells/Counter/a/increment"
     # what the README tells people to type: curl -X POST ... -d '{"name":"x"}'
-    assert httpx.post(url, content=b'{"name":"x"}').json() == {"result": 1}
-    assert httpx.post(url, content=b'{"name":"x"}').json() == {"result": 2}
+    assert httpx.post(url, json={"name": "x"}).json() == {"result": 1}
+    assert httpx.post(url, json={"name": "x"}).json() == {"result": 2}
     assert httpx.post(url, json={"name": "y", "by": 5}).json() == {"result": 5}
     node.signal(signal.SIGTERM)
     assert node.wait(30) == 0
@@ -247,9 +250,9 @@ def test_bad_inputs_over_http_write_nothing(
         assert r.status_code in (400, 404)
         r = http.post(f"{base}/Ledger/big/echo", json={"data": "x" * 5000})
         assert r.status_code == 413
-        r = http.post(f"{base}/Ledger/a/append", content=b"{not json")
+        r = http.post(f"{base}/Ledger/a/append", content=b"{not json", headers=JSON_HEADERS)
         assert r.status_code == 400
-        r = http.post(f"{base}/Ledger/a/append", content=b"[1, 2]")
+        r = http.post(f"{base}/Ledger/a/append", content=b"[1, 2]", headers=JSON_HEADERS)
         assert r.status_code == 400
         r = http.get(f"{base}/Ledger/a/append")
         assert r.status_code == 405

@@ -68,9 +68,29 @@ def test_call_returns_the_result_as_json(served: Served, http: httpx.Client) -> 
 
 
 def test_empty_body_means_no_arguments(served: Served, http: httpx.Client) -> None:
-    r = http.post(served.public + "/cells/Counter/a/echo")
+    r = http.post(
+        served.public + "/cells/Counter/a/echo", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200
     assert r.json() == {"result": {}}
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"],
+)
+def test_a_call_a_browser_could_send_across_origins_is_415_not_run(
+    served: Served, http: httpx.Client, content_type: str | None
+) -> None:
+    """A page on another origin can make a browser POST these without a CORS preflight
+    (a form, a no-cors fetch, an empty body): refused before the body is read."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = http.post(served.public + "/cells/Counter/a/increment", content=b"{}", headers=headers)
+    assert r.status_code == 415
+    assert (r.json()["error"], r.json()["outcome"]) == ("unsupported_media_type", "not_run")
+    assert served.node.calls == []
+    preflight = http.request("OPTIONS", served.public + "/cells/Counter/a/increment")
+    assert "access-control-allow-origin" not in preflight.headers  # no CORS, ever granted
 
 
 def test_msgpack_in_msgpack_out(served: Served, http: httpx.Client) -> None:
@@ -195,7 +215,11 @@ def test_chunked_oversize_body_is_413(served: Served, http: httpx.Client) -> Non
         for _ in range(32):
             yield b"a" * (64 << 10)  # 2 MiB in all, no Content-Length
 
-    r = http.post(served.public + "/cells/Counter/a/echo", content=chunks())
+    r = http.post(
+        served.public + "/cells/Counter/a/echo",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert served.node.calls == []
 

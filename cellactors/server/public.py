@@ -36,6 +36,7 @@ from cellactors.errors import (
     RemoteOwner,
     StaleRoute,
     UnknownCell,
+    UnsupportedMediaType,
 )
 from cellactors.server import forward
 from cellactors.server.handling import (
@@ -161,6 +162,10 @@ class _PublicCore(Core):
         name = request.path_params["name"]
         method = request.path_params["method"]
         encoding = codec.encoding_for(request.headers.get("content-type"))
+        try:
+            codec.check_call_type(request.headers.get("content-type"))
+        except UnsupportedMediaType as e:
+            return self.error(e, encoding, close=True)  # its body was never read
         try:
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
             self.check_target(cls_name, name, method)

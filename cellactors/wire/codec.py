@@ -24,7 +24,7 @@ from typing import Any, Literal
 import msgpack
 
 from cellactors.core.idempotency import valid_key
-from cellactors.errors import BadRequest, CallError, PayloadTooLarge
+from cellactors.errors import BadRequest, CallError, PayloadTooLarge, UnsupportedMediaType
 
 Encoding = Literal["json", "msgpack"]
 
@@ -64,6 +64,18 @@ def encoding_for(content_type: str | None) -> Encoding:
         return "json"
     media = content_type.split(";", 1)[0].strip().lower()
     return "msgpack" if media in _MSGPACK_ALIASES else "json"
+
+
+def check_call_type(content_type: str | None) -> None:
+    """Refuse a call body not declared as JSON or msgpack
+    (:class:`~cellactors.errors.UnsupportedMediaType`, ``not_run``): the two types a
+    browser sends across origins only after a CORS preflight, which the node never grants."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media != JSON_TYPE and media not in _MSGPACK_ALIASES:
+        shown = f"{content_type!r}" if content_type else "no Content-Type"
+        raise UnsupportedMediaType(
+            f"a call's body must be {JSON_TYPE} or {MSGPACK_TYPE} (even when empty), not {shown}"
+        )
 
 
 async def read_body(

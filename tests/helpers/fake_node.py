@@ -357,6 +357,7 @@ def owner_route(served: Served) -> RemoteOwner:
 
 
 def post(http: httpx.Client, base: str, path: str, body: Any = None, **kw: Any) -> httpx.Response:
-    if body is None:
+    if body is None:  # no arguments: an empty JSON body
+        kw.setdefault("headers", {"content-type": "application/json"})
         return http.post(base + path, **kw)
     return http.post(base + path, json=body, **kw)
