@@ -49,6 +49,7 @@ def test_restore_writes_the_acknowledged_state_and_nothing_to_the_bucket(
         with sqlite3.connect(out) as conn:
             assert dict(conn.execute("SELECT name, n FROM counts")) == {"x": 7, "y": 5}
         assert not Path(str(out) + "-wal").exists()
+        assert out.stat().st_mode & 0o777 == 0o600  # one cell's rows: its owner's only
     finally:
         node.stop()
 
@@ -67,3 +68,32 @@ def test_restore_errors(seaweed: SeaweedServer, sw_bucket: S3Bucket, tmp_path: P
         main, [*base, "--cell", "Counter:a", "--output", str(tmp_path / "exists.db")]
     )
     assert exists.exit_code == 2 and "exists" in exists.output
+    assert not (tmp_path / "o.db").exists()  # a refused restore leaves no file behind
+    # A dangling link is not followed (it would write wherever it points), and no missing
+    # folder is created.
+    target = tmp_path / "elsewhere.db"
+    (tmp_path / "link.db").symlink_to(target)
+    linked = runner.invoke(
+        main, [*base, "--cell", "Counter:a", "--output", str(tmp_path / "link.db")]
+    )
+    assert linked.exit_code == 2 and "exists" in linked.output and not target.exists()
+    deep = tmp_path / "no" / "such" / "dir" / "o.db"
+    nested = runner.invoke(main, [*base, "--cell", "Counter:a", "--output", str(deep)])
+    assert nested.exit_code == 2 and "not a directory" in nested.output
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_nodes_data_directory_and_cell_files_are_its_own(
+    sw_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    node = make_node(sw_bucket, "n1", data_dir=data)
+    try:
+        node.cell(Counter, "a").increment("x")
+        cell_files = list(node.cells_dir.iterdir())
+        assert cell_files and all(f.stat().st_mode & 0o777 == 0o600 for f in cell_files)
+        for folder in (data, data / "n1", node.cells_dir):
+            assert folder.stat().st_mode & 0o777 == 0o700, folder
+    finally:
+        node.stop()

@@ -19,6 +19,7 @@ from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected, PointNotRestorable
 from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.celldb.files import create_private_file
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.history.restore import restore as restore_cell
 from cellactors.persistence.history.restore import restore_at
@@ -73,9 +74,20 @@ def restore(
     if at_txid is not None and at_time is not None:
         raise click.UsageError("give at most one of --at-txid and --at-time")
     at_ms = parse_time_ms(at_time) if at_time is not None else None
-    if output.exists():
+    if output.exists() or output.is_symlink():
         raise click.UsageError(f"{output} exists; choose a new file")
-    bucket = store.open()
+    if not output.parent.is_dir():
+        raise click.UsageError(f"{output.parent} is not a directory; restore creates none")
+    try:
+        create_private_file(output, exclusive=True)  # 0600, and never through a link
+    except OSError as err:
+        raise click.UsageError(f"{output}: cannot create it: {err.strerror}") from err
+    written = False
+    try:
+        bucket = store.open()
+    except BaseException:
+        output.unlink(missing_ok=True)
+        raise
     try:
         record = OwnershipStore(bucket, "restore").read_owner(cell_id)
         if record is None:
@@ -94,9 +106,9 @@ def restore(
             db.conn.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
         except BaseException:
             db.close()
-            output.unlink(missing_ok=True)  # no half-written file is left behind
             raise
         db.close()
+        written = True
     except (HistoryCollected, PointNotRestorable) as err:
         raise CommandFailed(str(err), EXIT_FAILURE) from err
     except BucketError as err:
@@ -105,6 +117,8 @@ def restore(
         raise CommandFailed(str(err)) from err
     finally:
         bucket.close()
+        if not written:
+            output.unlink(missing_ok=True)  # no empty or half-written file is left behind
     owner = record.node or "(released)"
     click.echo(
         f"restored {cell_id} through txid {result.last_txid} (owner {owner}, epoch "

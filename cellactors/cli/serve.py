@@ -52,6 +52,7 @@ from cellactors.cli.listeners import (
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
+from cellactors.persistence.celldb.files import private_dir
 from cellactors.persistence.store.bucket import Bucket
 
 log = logging.getLogger("cellactors.serve")
@@ -433,6 +434,7 @@ def _start_embedded(store: StoreArgs, data_dir: Path) -> tuple[Any, Bucket]:
         "to run a fleet.",
         data_dir / "store",
     )
+    private_dir(data_dir)  # the store's files, the fleet key among them, are this user's
     return start_embedded_store(data_dir / "store", store)
 
 

@@ -56,6 +56,7 @@ from cellactors.errors import (
     RemoteOwner,
     UnknownCell,
 )
+from cellactors.persistence.celldb.files import private_dir
 from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
@@ -109,8 +110,7 @@ class Node:
             base = Path(self._tmp.name)
         else:
             base = Path(self.settings.data_dir)
-        self.cells_dir = base / self.node_id / "cells"
-        self.cells_dir.mkdir(parents=True, exist_ok=True)
+        self.cells_dir = private_dir(private_dir(private_dir(base) / self.node_id) / "cells")
         #: The runtime's time (alarms, key retention, transaction stamps): the store's.
         self.clock = RuntimeClock(self.gate.clock)
         #: Faults of the data directory; while degraded the node takes no new cells.

@@ -24,7 +24,7 @@ import sqlite_utils
 from cellactors.core.storage import storage_fault_reason
 from cellactors.core.txn import Txn
 from cellactors.errors import NodeStorageFault, Refused, TransactionLost
-from cellactors.persistence.celldb import authorizer, capture
+from cellactors.persistence.celldb import authorizer, capture, files
 from cellactors.persistence.celldb.calls import CallLog
 from cellactors.persistence.celldb.runtime_tables import RuntimeTables
 
@@ -76,7 +76,11 @@ class CellDatabase:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if str(path) != ":memory:":
+            # 0600 (SQLite gives its WAL and SHM the database's mode). A directory that
+            # takes no file fails just below, in SQLite's words, as a storage fault.
+            with contextlib.suppress(OSError):
+                files.create_private_file(self.path)
         self.conn = self._connect()
         self.db = sqlite_utils.Database(self.conn)
         # sqlite-utils probes upsert support by creating and dropping a table in the user's
