@@ -252,3 +252,19 @@ def test_the_exit_codes_of_a_run_are_the_commands_own() -> None:
         failures.EXIT_FAILURE,
         failures.EXIT_FENCED,
     )
+
+
+def test_a_secret_key_given_as_a_flag_is_warned_about_and_the_variable_is_not() -> None:
+    """A flag shows in the process list; the environment variable does not."""
+    from click.testing import CliRunner
+
+    from cellactors.cli import main
+
+    args = ["restore", "--bucket", "s3://x", "--cell", "../x", "--output", "o.db"]
+    runner = CliRunner()
+    flagged = runner.invoke(main, [*args, "--secret-access-key", "s3cr3t"])
+    assert "visible to every user" in flagged.output
+    assert "s3cr3t" not in flagged.output
+    quiet = runner.invoke(main, args, env={"CELLACTORS_S3_SECRET_ACCESS_KEY": "s3cr3t"})
+    assert "visible to every user" not in quiet.output
+    assert flagged.exit_code == quiet.exit_code == 2  # the bad cell id, all the same

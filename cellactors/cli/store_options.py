@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from cellactors.errors import CellactorsError
 from cellactors.persistence.store.bucket import Bucket
@@ -80,6 +81,14 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
             **kwargs: Any,
         ) -> Any:
             store = StoreArgs(bucket, endpoint, region, access_key_id, secret_access_key)
+            source = click.get_current_context().get_parameter_source("secret_access_key")
+            if source is ParameterSource.COMMANDLINE:
+                click.echo(
+                    "warning: --secret-access-key on the command line is visible to every user "
+                    f"of this machine (ps, /proc); set {SECRET_KEY_ENV} instead, or use the "
+                    "AWS credential chain",
+                    err=True,
+                )
             return command(*args, store=store, **kwargs)
 
         options = [
@@ -121,7 +130,8 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
                 metavar="SECRET",
                 envvar=SECRET_KEY_ENV,
                 show_envvar=True,
-                help="S3 static secret key (s3:// only).",
+                help="S3 static secret key (s3:// only); prefer the environment variable: a "
+                "flag is visible in the process list.",
             ),
         ]
         decorated: Any = wrapper
