@@ -344,6 +344,16 @@ class UnsupportedMediaType(CallError):
     outcome = NOT_RUN
 
 
+class UnknownHost(CallError):
+    """A request to the internal listener named a host that is not one of the node's own
+    (``Host``): refused before routing, so that a page whose name was rebound to this
+    address (DNS rebinding) cannot read or call the node from a browser."""
+
+    status = 421
+    code = "unknown_host"
+    outcome = NOT_RUN
+
+
 class Unauthorized(CallError):
     """A peer request failed signature verification; it was not executed."""
 
@@ -416,6 +426,7 @@ _BY_CODE: dict[str, type[CallError]] = {
         BadRequest,
         PayloadTooLarge,
         UnsupportedMediaType,
+        UnknownHost,
         NotDurable,
         NodeUnavailable,
         NodeStorageFault,

@@ -32,7 +32,7 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 DOCKERFILE = DEPLOY / "Dockerfile"
 KUBERNETES_VERSIONS = ("1.25.0", "1.30.0")  # schema versions kubernetes-validate bundles
-SAMPLE_DOWNWARD = {"POD_NAME": "cellactors-0", "POD_IP": "10.0.3.17"}
+SAMPLE_DOWNWARD = {"POD_NAME": "cellactors-0", "POD_IP": "10.0.3.17", "POD_NAMESPACE": "shop"}
 SAMPLE_SECRET = "sample-secret-value"
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 

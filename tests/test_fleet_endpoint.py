@@ -95,7 +95,7 @@ def test_fleet_answers_503_when_the_bucket_fails() -> None:
 
     async def get() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             return await client.get("/fleet")
 
     answer = asyncio.run(get())

@@ -122,7 +122,7 @@ def test_client_leaving_mid_body_is_one_log_line(
     assert url.port is not None
     with socket.create_connection((url.host, url.port), timeout=WAIT) as sock:
         sock.sendall(
-            f"POST {prefix}/cells/Counter/a/increment HTTP/1.1\r\nHost: x\r\n".encode()
+            f"POST {prefix}/cells/Counter/a/increment HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
             + b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"by": '
         )
     deadline = time.monotonic() + WAIT

@@ -147,6 +147,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Internal address peers use to reach this node [the internal listen address].",
 )
 @_option(
+    "--internal-host",
+    "internal_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A name the internal listener answers to in Host, besides loopback names, the "
+    "address it listens on and the advertised one (repeatable; fnmatch patterns such as "
+    "*.peers.ns.svc allowed): any other Host is refused, against DNS rebinding.",
+)
+@_option(
     "--data-dir",
     default=DEFAULT_DATA_DIR,
     show_default=True,
@@ -272,6 +281,7 @@ def serve(
     listen: str,
     internal_listen: str | None,
     advertise: str | None,
+    internal_hosts: tuple[str, ...],
     data_dir: Path,
     lease_ttl: float,
     max_clock_skew: float | None,
@@ -320,7 +330,7 @@ def serve(
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
-    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir)
+    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, internal_hosts)
     if code == EXIT_FENCED:
         _exit_now(code)
     sys.exit(code)
@@ -343,6 +353,7 @@ def _run(
     listeners: Listeners,
     max_body_bytes: int,
     data_dir: Path,
+    internal_hosts: tuple[str, ...] = (),
 ) -> int:
     """Open the store, qualify it, take the lease and serve; the exit code."""
     from cellactors.actors.node import Node
@@ -376,7 +387,9 @@ def _run(
             )
             node.start()
         server_settings = ServerSettings(
-            max_body_bytes=max_body_bytes, call_timeout=settings.call_timeout
+            max_body_bytes=max_body_bytes,
+            call_timeout=settings.call_timeout,
+            internal_hosts=(str(listeners.advertise), *internal_hosts),
         )
         public, internal = listeners.public, listeners.internal
         code = serve_node(

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +38,8 @@ class StoreArgs:
     region: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
+    #: The secret key came as a flag: every user of the machine sees it in the process list.
+    secret_in_argv: bool = False
 
     def options(self, timeout: float = 10.0) -> Any:
         """The persistence layer's :class:`~cellactors.persistence.store.factory.StoreOptions`."""
@@ -58,6 +61,12 @@ class StoreArgs:
 
         if not self.bucket:
             raise CommandFailed("--bucket is required")
+        if self.secret_in_argv:  # a log record: one JSON line under --log-format json
+            logging.getLogger("cellactors.cli").warning(
+                "--secret-access-key on the command line is visible to every user of this "
+                "machine (ps, /proc); set %s instead, or use the AWS credential chain",
+                SECRET_KEY_ENV,
+            )
         try:
             return open_bucket(self.bucket, self.options())
         except CellactorsError as err:
@@ -80,15 +89,15 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
             secret_access_key: str | None,
             **kwargs: Any,
         ) -> Any:
-            store = StoreArgs(bucket, endpoint, region, access_key_id, secret_access_key)
             source = click.get_current_context().get_parameter_source("secret_access_key")
-            if source is ParameterSource.COMMANDLINE:
-                click.echo(
-                    "warning: --secret-access-key on the command line is visible to every user "
-                    f"of this machine (ps, /proc); set {SECRET_KEY_ENV} instead, or use the "
-                    "AWS credential chain",
-                    err=True,
-                )
+            store = StoreArgs(
+                bucket,
+                endpoint,
+                region,
+                access_key_id,
+                secret_access_key,
+                secret_in_argv=source is ParameterSource.COMMANDLINE,
+            )
             return command(*args, store=store, **kwargs)
 
         options = [

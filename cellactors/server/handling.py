@@ -158,6 +158,9 @@ class ServerSettings:
     feed_poll_interval: float = 0.25  # bucket reads while following (docs/feed.md: cost)
     feed_page: int = 500  # transactions read per bucket round
     max_concurrent_feeds: int = 64  # worker threads reading feeds at once, per app
+    #: Names (or ``fnmatch`` patterns, e.g. ``*.peers.ns.svc``) the internal listener answers
+    #: to in ``Host``, besides loopback names and the address it listens on.
+    internal_hosts: tuple[str, ...] = ()
 
 
 def error_response(

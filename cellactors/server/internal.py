@@ -31,7 +31,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.server import fleet_page, signing
+from cellactors.server import fleet_page, hosts, signing
 from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.handling import (
     DEAD_LETTERS_ROUTE,
@@ -239,11 +239,13 @@ class _InternalCore(Core):
 
 
 def build_internal_app(
-    node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
+    node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None, bound: str = ""
 ) -> Starlette:
     """The peer/operator app: signed forwarded calls, state, metrics, fleet, health check,
-    and the fleet page."""
+    and the fleet page. It answers only to its own names in ``Host`` (:mod:`.hosts`):
+    loopback, ``bound`` (the host it listens on) and ``settings.internal_hosts``."""
     core = _InternalCore(node, fleet_key, settings or ServerSettings())
+    names = hosts.own_names(bound, core.settings.internal_hosts)
     routes = [
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),
@@ -259,7 +261,7 @@ def build_internal_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(AnswerGuard, core=core)],
+        middleware=[Middleware(AnswerGuard, core=core), Middleware(hosts.HostCheck, names=names)],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.core = core

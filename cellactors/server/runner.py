@@ -140,7 +140,7 @@ class Runner:
                 )
             )
         self.public_app = build_public_app(node, fleet_key, self.settings)
-        self.internal_app = build_internal_app(node, fleet_key, self.settings)
+        self.internal_app = build_internal_app(node, fleet_key, self.settings, internal[0])
         self._binds = {"public": public, "internal": internal}
         #: Sockets bound already (``"public"``, ``"internal"``): served as they are, so the
         #: address checked free at start-up cannot be taken before the server listens.
