@@ -270,11 +270,15 @@ def test_draining_node_answers_503_and_unhealthy(served: Served, http: httpx.Cli
     served.node.status = "serving"
 
 
-def test_unexpected_node_exception_is_500(served: Served, http: httpx.Client) -> None:
+def test_unexpected_node_exception_is_500(
+    served: Served, http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
     r = post(http, served.public, "/cells/Counter/a/crash", {})
     assert r.status_code == 500
-    assert r.json()["error"] == "internal"
-    assert "RuntimeError" in r.json()["message"]
+    assert (r.json()["error"], r.json()["outcome"]) == ("internal", "unknown")
+    assert "RuntimeError" not in r.json()["message"]  # no node internals to a caller
+    reference = r.json()["message"].split("reference ")[1].split()[0]
+    assert f"unexpected failure {reference}: RuntimeError" in caplog.text
 
 
 def test_unencodable_result_is_rolled_back_as_bad_result(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -186,12 +187,24 @@ def error_response(
 
 
 def as_call_error(exc: BaseException) -> CallError:
-    """Map what node.call may raise onto the wire error."""
+    """Map what node.call may raise onto the wire error. An unexpected failure is logged
+    here, with its traceback, under a reference the answer gives: its message (a path, a
+    query, a token) stays in the node's log, never with a caller."""
     if isinstance(exc, CallError):
         return exc
     if isinstance(exc, InvalidCellId):
         return BadRequest(str(exc))
-    return InternalError(f"{type(exc).__name__}: {exc}")
+    return internal_error(exc)
+
+
+def internal_error(exc: BaseException) -> InternalError:
+    """The answer to a failure no caller caused: logged in full under a reference, which
+    is all the answer carries."""
+    reference = secrets.token_hex(6)
+    log.error("unexpected failure %s: %s: %s", reference, type(exc).__name__, exc, exc_info=exc)
+    return InternalError(
+        f"an unexpected failure inside the node (reference {reference} in its log)"
+    )
 
 
 class Progress:
@@ -373,10 +386,10 @@ class AnswerGuard:
             # The task is ending anyway; answer instead of letting uvicorn send a plain 500.
             await self._answer(err, scope, send)
         except Exception as e:
-            log.exception("unexpected failure serving %s", scope.get("path"))
             if started:
+                log.exception("unexpected failure serving %s", scope.get("path"))
                 raise
-            await self._answer(InternalError(f"{type(e).__name__}: {e}"), scope, send)
+            await self._answer(internal_error(e), scope, send)
 
     async def _answer(self, err: CallError, scope: Scope, send: Send) -> None:
         encoding = codec.encoding_for(Headers(scope=scope).get("content-type"))

@@ -26,7 +26,6 @@ from cellactors.errors import (
     NOT_RUN,
     BucketError,
     DeadLetterNotFound,
-    InternalError,
     RemoteOwner,
     StaleRoute,
     UnknownCell,
@@ -103,8 +102,6 @@ class _InternalCore(Core):
             err = as_call_error(e)
             if isinstance(err, errors.Unauthorized):
                 log.warning("refused peer call %s: %s", request.url.path, err)
-            elif isinstance(err, InternalError):
-                log.exception("forwarded call %s failed unexpectedly", request.url.path)
             return self.error(err, encoding)
         log.debug("forwarded call from %s: %s:%s.%s", source, cls_name, name, method)
         return self.ok(result, encoding, check)
@@ -195,8 +192,6 @@ class _InternalCore(Core):
             err = as_call_error(e)
             if isinstance(err, errors.Unauthorized):
                 log.warning("refused operator request %s: %s", request.url.path, err)
-            elif isinstance(err, InternalError):
-                log.exception("operator request %s failed unexpectedly", request.url.path)
             return self.error(err, "json")
         if letter is not None and not result:
             return self.error(

@@ -30,7 +30,6 @@ from cellactors.errors import (
     CallError,
     FeedHistoryMissing,
     FeedUnavailable,
-    InternalError,
     InvalidCellId,
     NotDurable,
     RemoteOwner,
@@ -207,12 +206,7 @@ class _PublicCore(Core):
                     continue
                 return answer
             except Exception as e:  # every failure becomes an answer
-                err = as_call_error(e)
-                if isinstance(err, InternalError):
-                    log.exception(
-                        "call %s:%s.%s failed unexpectedly", call.cls_name, call.name, call.method
-                    )
-                return self.error(err, call.encoding)
+                return self.error(as_call_error(e), call.encoding)
             return self.ok(result, call.encoding, check)
         raise AssertionError("unreachable")  # pragma: no cover
 
