@@ -709,3 +709,26 @@ def test_fake_node_keeps_the_node_like_contract() -> None:
     node: NodeLike = FakeNode("node-t")
     assert node.status == "serving"
     assert node.call("Counter", "a", "increment", {"by": 4}) == 4
+
+
+def test_a_large_body_is_decoded_off_the_serving_loop(
+    served: Served, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding a large body takes time and memory: it runs in a worker thread, so that
+    /healthz and other calls never wait behind it; a small one stays on the loop."""
+    from cellactors.server import handling
+    from cellactors.wire import codec
+
+    threads: list[str] = []
+    decode = codec.decode_kwargs
+
+    def recording(body: bytes, encoding: codec.Encoding) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return decode(body, encoding)
+
+    monkeypatch.setattr(codec, "decode_kwargs", recording)
+    big = {"x": "a" * (handling.DECODE_ON_LOOP_BYTES + 1)}
+    assert post(http, served.public, "/cells/Counter/a/echo", {"x": 1}).status_code == 200
+    assert post(http, served.public, "/cells/Counter/a/echo", big).status_code == 200
+    loop_thread = served.thread.name
+    assert threads[0] == loop_thread and threads[1] != loop_thread

@@ -63,6 +63,8 @@ DEAD_LETTERS_ROUTE = "/cells/{cls_name}/{name}/dead-letters"
 SERVING = "serving"
 #: How often a request waiting on a cell's reply checks that the cell is still there.
 PENDING_CHECK_S = 0.25
+#: Bodies up to this size are decoded on the serving loop; larger ones in a worker thread.
+DECODE_ON_LOOP_BYTES = 64 << 10
 _PROGRESS = "cellactors.progress"  # scope key of the request's Progress
 
 
@@ -317,7 +319,11 @@ class Core:
         body = await codec.read_body(
             request.stream(), request.headers.get("content-length"), self.settings.max_body_bytes
         )
-        return body, codec.decode_kwargs(body, encoding)
+        if len(body) <= DECODE_ON_LOOP_BYTES:
+            return body, codec.decode_kwargs(body, encoding)
+        # A large body takes milliseconds and megabytes to decode: off the serving loop, so
+        # health checks and other calls never wait behind it.
+        return body, await anyio.to_thread.run_sync(codec.decode_kwargs, body, encoding)
 
     def check_target(self, cls_name: str, name: str, method: str) -> None:
         """Refuse unknown classes, private methods and bad cell ids before touching a
