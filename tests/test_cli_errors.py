@@ -284,3 +284,33 @@ def test_a_secret_key_given_as_a_flag_is_warned_about_and_the_variable_is_not(
     quiet = runner.invoke(main, args, env={"CELLACTORS_S3_SECRET_ACCESS_KEY": "s3cr3t"})
     assert "visible to every user" not in caplog.text
     assert flagged.exit_code == quiet.exit_code == EXIT_UNREACHABLE
+
+
+def test_the_secret_key_can_come_from_a_file_and_only_once(tmp_path: Path) -> None:
+    """A mounted file keeps the key out of argv and the environment."""
+    from click.testing import CliRunner
+
+    from cellactors.cli.store_options import StoreArgs, store_options
+
+    @click.command()
+    @store_options()
+    def show(store: StoreArgs) -> None:
+        click.echo(f"secret={store.secret_access_key} argv={store.secret_in_argv}")
+
+    secret = tmp_path / "secret"
+    secret.write_text("from-the-file\n")
+    runner = CliRunner()
+    base = ["--bucket", "s3://some-bucket"]
+    got = runner.invoke(show, [*base, "--secret-access-key-file", str(secret)])
+    assert got.exit_code == 0 and "secret=from-the-file argv=False" in got.output
+    via_env = runner.invoke(show, base, env={"CELLACTORS_S3_SECRET_ACCESS_KEY_FILE": str(secret)})
+    assert "secret=from-the-file" in via_env.output
+    both = runner.invoke(
+        show, [*base, "--secret-access-key", "x", "--secret-access-key-file", str(secret)]
+    )
+    assert both.exit_code == 2 and "once" in both.output
+    (tmp_path / "empty").write_text("")
+    empty = runner.invoke(show, [*base, "--secret-access-key-file", str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "empty" in empty.output
+    missing = runner.invoke(show, [*base, "--secret-access-key-file", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output

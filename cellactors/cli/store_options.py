@@ -11,6 +11,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -26,6 +27,7 @@ ENDPOINT_ENV = "CELLACTORS_ENDPOINT"
 REGION_ENV = "CELLACTORS_REGION"
 ACCESS_KEY_ENV = "CELLACTORS_S3_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "CELLACTORS_S3_SECRET_ACCESS_KEY"
+SECRET_KEY_FILE_ENV = "CELLACTORS_S3_SECRET_ACCESS_KEY_FILE"
 BUCKET_HELP = "s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]"
 
 
@@ -64,7 +66,8 @@ class StoreArgs:
         if self.secret_in_argv:  # a log record: one JSON line under --log-format json
             logging.getLogger("cellactors.cli").warning(
                 "--secret-access-key on the command line is visible to every user of this "
-                "machine (ps, /proc); set %s instead, or use the AWS credential chain",
+                "machine (ps, /proc); use --secret-access-key-file, %s, or the AWS credential "
+                "chain instead",
                 SECRET_KEY_ENV,
             )
         try:
@@ -87,9 +90,16 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
             region: str | None,
             access_key_id: str | None,
             secret_access_key: str | None,
+            secret_access_key_file: Path | None,
             **kwargs: Any,
         ) -> Any:
             source = click.get_current_context().get_parameter_source("secret_access_key")
+            if secret_access_key_file is not None:
+                if secret_access_key is not None:
+                    raise click.UsageError(
+                        "give the secret key once: --secret-access-key or --secret-access-key-file"
+                    )
+                secret_access_key = _read_secret(secret_access_key_file)
             store = StoreArgs(
                 bucket,
                 endpoint,
@@ -139,8 +149,18 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
                 metavar="SECRET",
                 envvar=SECRET_KEY_ENV,
                 show_envvar=True,
-                help="S3 static secret key (s3:// only); prefer the environment variable: a "
-                "flag is visible in the process list.",
+                help="S3 static secret key (s3:// only); prefer the environment variable or "
+                "--secret-access-key-file: a flag is visible in the process list.",
+            ),
+            click.option(
+                "--secret-access-key-file",
+                default=None,
+                metavar="PATH",
+                type=click.Path(dir_okay=False, path_type=Path),
+                envvar=SECRET_KEY_FILE_ENV,
+                show_envvar=True,
+                help="A file holding the S3 static secret key (s3:// only), e.g. a mounted "
+                "Secret: the key never appears in the process list or the environment.",
             ),
         ]
         decorated: Any = wrapper
@@ -150,3 +170,14 @@ def store_options(*, required: bool = True, bucket_help: str = BUCKET_HELP) -> C
         return result
 
     return decorate
+
+
+def _read_secret(path: Path) -> str:
+    """The secret a file holds (one line; a trailing newline is not part of it)."""
+    try:
+        secret = path.read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as err:
+        raise click.UsageError(f"--secret-access-key-file {path}: cannot read it: {err}") from err
+    if not secret:
+        raise click.UsageError(f"--secret-access-key-file {path}: the file is empty")
+    return secret
