@@ -3,6 +3,8 @@ a page whose name was rebound to the node's address (DNS rebinding) reads nothin
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
 
@@ -44,3 +46,15 @@ def test_the_internal_listener_refuses_a_host_not_its_own() -> None:
         # The public listener takes calls from any name (a load balancer's, a client's).
         public = http.get(served.public + "/healthz", headers={"host": "api.example"})
         assert public.status_code == 200
+
+
+def test_the_address_a_node_advertises_is_one_of_its_names() -> None:
+    """Peers dial the address in the node's lease: a node listening on every interface
+    (0.0.0.0) answers to it without being told, whoever serves it (the command or the
+    Python API)."""
+    node = FakeNode()
+    node.settings = SimpleNamespace(advertise="node-a.example:8081")  # type: ignore[attr-defined]
+    with serving(node) as served, httpx.Client() as http:
+        url = served.internal + "/state"
+        assert http.get(url, headers={"host": "node-a.example:8081"}).status_code == 200
+        assert http.get(url, headers={"host": "node-b.example:8081"}).status_code == 421

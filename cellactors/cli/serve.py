@@ -389,7 +389,7 @@ def _run(
         server_settings = ServerSettings(
             max_body_bytes=max_body_bytes,
             call_timeout=settings.call_timeout,
-            internal_hosts=(str(listeners.advertise), *internal_hosts),
+            internal_hosts=internal_hosts,
         )
         public, internal = listeners.public, listeners.internal
         code = serve_node(

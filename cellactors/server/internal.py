@@ -234,13 +234,18 @@ class _InternalCore(Core):
 
 
 def build_internal_app(
-    node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None, bound: str = ""
+    node: NodeLike,
+    fleet_key: bytes,
+    settings: ServerSettings | None = None,
+    bound: str = "",
+    advertised: str = "",
 ) -> Starlette:
     """The peer/operator app: signed forwarded calls, state, metrics, fleet, health check,
     and the fleet page. It answers only to its own names in ``Host`` (:mod:`.hosts`):
-    loopback, ``bound`` (the host it listens on) and ``settings.internal_hosts``."""
+    loopback, ``bound`` (the host it listens on), ``advertised`` (the address peers dial,
+    from the node's lease) and ``settings.internal_hosts``."""
     core = _InternalCore(node, fleet_key, settings or ServerSettings())
-    names = hosts.own_names(bound, core.settings.internal_hosts)
+    names = hosts.own_names(bound, (advertised, *core.settings.internal_hosts))
     routes = [
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),

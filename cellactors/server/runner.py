@@ -140,7 +140,11 @@ class Runner:
                 )
             )
         self.public_app = build_public_app(node, fleet_key, self.settings)
-        self.internal_app = build_internal_app(node, fleet_key, self.settings, internal[0])
+        # Peers dial the address the node advertises in its lease: the listener answers to it.
+        advertised = str(getattr(getattr(node, "settings", None), "advertise", "") or "")
+        self.internal_app = build_internal_app(
+            node, fleet_key, self.settings, internal[0], advertised
+        )
         self._binds = {"public": public, "internal": internal}
         #: Sockets bound already (``"public"``, ``"internal"``): served as they are, so the
         #: address checked free at start-up cannot be taken before the server listens.
