@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -440,3 +441,20 @@ def test_a_failing_restore_releases_the_cell_and_a_degraded_node_places_on_healt
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_cells_directory_removed_under_a_running_node_is_made_again(
+    sw_bucket: S3Bucket,
+) -> None:
+    """An operator's clean-up (or a tmp reaper) that removes the node's cells directory is
+    not a storage fault: the next activation makes the directory again, private."""
+    node = make_node(sw_bucket, "n1")
+    try:
+        node.call("Sandbox", "x", "run", {"statements": ["CREATE TABLE t (x)"]})
+        assert node.passivate("Sandbox:x")
+        shutil.rmtree(node.cells_dir)
+        assert node.call("Sandbox", "y", "run", {"statements": ["SELECT 1"]}) == 1
+        assert node.cells_dir.stat().st_mode & 0o777 == 0o700
+        assert node.storage.state == "ok"
+    finally:
+        node.stop()

@@ -8,6 +8,7 @@ conditional writes they ask for.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from cellactors.errors import (
     NotDurable,
 )
 from cellactors.persistence.celldb.database import CellDatabase, remove_db_files
+from cellactors.persistence.celldb.files import DIR_MODE
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.history.restore import restore
@@ -256,7 +258,11 @@ class OwnershipActor(PooledActor):
             log.warning("release of %s after a storage fault failed: %s", self.cell_id, err)
 
     def _database(self, path: Path) -> CellDatabase:
-        """Open the cell's file, reporting its storage faults and distrust to the node."""
+        """Open the cell's file, reporting its storage faults and distrust to the node. A
+        cells directory removed under the running node is made again (0700), as the node
+        made it; one that cannot be made fails the open below, as a storage fault."""
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         database = CellDatabase(path)
         database.on_fault = self.on_storage_fault
         database.on_broken = self.on_broken
