@@ -176,28 +176,45 @@ def shared_store_clock(key: Hashable, name: str) -> StoreClock:
         return clock
 
 
+#: How fast the runtime's clock absorbs a correction of the store's time estimate, as a
+#: fraction of elapsed time: answers that narrow the bounds move the estimate by up to half a
+#: second (a ``Date`` has whole seconds), and stepping would shorten a delay measured on
+#: this clock (an alarm's backoff, ``set_alarm(delay=...)``) by that much.
+SLEW = 0.05
+
+#: A correction larger than this is a step, not a slew: the store's clock jumped, or this
+#: process learnt the store's time for the first time (its wall clock was wrong).
+STEP_MS = 2000.0
+
+
 class RuntimeClock:
     """The time the runtime's own decisions read, in milliseconds: when an alarm is due,
     how old an idempotency key or an outbox message is, what a transaction is stamped with.
 
     It is the store's time (:meth:`StoreClock.now_ms`), so alarms fall due and transactions
-    are stamped by one clock on every node, whatever each machine's wall clock says; it never
-    moves back (the estimate may, when answers narrow its bounds: then it stands still a
-    moment). A test fleet adds an offset (``cellactors.testing.Fleet.advance_alarms``;
-    leases keep the real clock)."""
+    are stamped by one clock on every node, whatever each machine's wall clock says. It runs
+    at the monotonic clock's rate and absorbs corrections of the estimate gradually (at most
+    :data:`SLEW` of elapsed time), so a delay of ``d`` seconds on it lasts at least
+    ``d / (1 + SLEW)`` real seconds; a correction over :data:`STEP_MS` is taken at once. It
+    never moves back (a backward step makes it stand still until the store's time catches
+    up). A test fleet adds an offset (``cellactors.testing.Fleet.advance_alarms``; leases
+    keep the real clock)."""
 
-    def __init__(self, store: StoreClock) -> None:
+    def __init__(self, store: StoreClock, slew: float = SLEW, step_ms: float = STEP_MS) -> None:
         self.store = store
+        self.slew = slew
+        self.step_ms = step_ms
         self.offset_ms = 0
-        self._last = 0
+        self._last: tuple[float, float] | None = None  # (mono s, value ms) of the last reading
         self._lock = threading.Lock()
 
     def now_ms(self) -> int:
-        estimate = self.store.now_ms()
+        estimate = float(self.store.now_ms())
+        at = mono()
         with self._lock:
-            if estimate > self._last:
-                self._last = estimate
-            return self._last + self.offset_ms
+            value = store_clock.slewed(self._last, at, estimate, self.slew, self.step_ms)
+            self._last = (at, value)
+            return int(value) + self.offset_ms
 
     def now(self) -> float:
         """The same time in epoch seconds (what ``CellActor.now`` returns)."""

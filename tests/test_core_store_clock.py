@@ -19,6 +19,7 @@ from cellactors.core.store_clock import (
     jump_tolerance_ms,
     merge,
     sample_bounds,
+    slewed,
     surely_past,
     wall_jump_ms,
 )
@@ -181,3 +182,43 @@ def test_the_jump_tolerance_is_half_the_fence_margin() -> None:
     assert jump_tolerance_ms(lease_rules.fence_margin(10.0)) == 1_000
     assert jump_tolerance_ms(lease_rules.fence_margin(3.0)) == 500  # margin: 1 s
     assert jump_tolerance_ms(lease_rules.fence_margin(2.0)) == pytest.approx(1000 / 3)
+
+
+# --- the runtime clock's slew --------------------------------------------------------------
+
+
+def test_a_correction_is_absorbed_gradually_so_a_delay_is_never_cut_short() -> None:
+    # The estimate moved 400 ms forward (answers narrowed the bounds): the clock follows at
+    # 5% of elapsed time, so 200 ms on it last at least 200 / 1.05 real milliseconds.
+    last = (10.0, 1_000_000.0)
+    value = slewed(last, 10.2, 1_000_600.0, 0.05, 2000.0)
+    assert value == pytest.approx(1_000_000.0 + 200 * 1.05)
+
+
+def test_a_backward_correction_slows_the_clock_but_never_moves_it_back() -> None:
+    last = (10.0, 1_000_000.0)
+    assert slewed(last, 10.2, 999_000.0, 0.05, 2000.0) == pytest.approx(1_000_000.0 + 200 * 0.95)
+    assert slewed(last, 10.0, 999_000.0, 0.05, 2000.0) == 1_000_000.0
+
+
+def test_a_correction_larger_than_a_step_is_taken_at_once_forward_never_backward() -> None:
+    last = (10.0, 1_000_000.0)
+    assert slewed(last, 10.1, 1_010_000.0, 0.05, 2000.0) == 1_010_000.0
+    assert slewed(last, 10.1, 990_000.0, 0.05, 2000.0) == 1_000_000.0
+    assert slewed(None, 10.1, 990_000.0, 0.05, 2000.0) == 990_000.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(-3000, 3000)), min_size=1, max_size=30))
+def test_the_runtime_clock_never_runs_back_nor_slower_than_it_may(
+    steps: list[tuple[float, float]],
+) -> None:
+    at, value = 0.0, 1_000_000.0
+    last = (at, value)
+    for dt, error in steps:
+        at += dt
+        nxt = slewed(last, at, at * 1000 + 1_000_000.0 + error, 0.05, 2000.0)
+        assert nxt >= last[1]
+        if abs(at * 1000 + 1_000_000.0 + error - (last[1] + dt * 1000)) <= 2000.0:
+            assert nxt >= last[1] + dt * 1000 * 0.95 - 1e-6
+            assert nxt <= last[1] + dt * 1000 * 1.05 + 1e-6
+        last = (at, nxt)

@@ -119,3 +119,20 @@ def surely_past(bounds: Bounds | None, at: float, deadline_ms: int, fallback_ms:
     yet, ``fallback_ms`` (wall time) stands in."""
     low = bounds.advanced(at).low_ms if bounds is not None else float(fallback_ms)
     return low > deadline_ms
+
+
+def slewed(
+    last: tuple[float, float] | None, at: float, estimate: float, slew: float, step_ms: float
+) -> float:
+    """The runtime clock's next value: the last one carried forward on the monotonic clock,
+    moved toward ``estimate`` by at most ``slew`` of the elapsed time (at once when the two
+    differ by more than ``step_ms``), never below the last value."""
+    if last is None:
+        return estimate
+    elapsed_ms = max(0.0, (at - last[0]) * 1000.0)
+    predicted = last[1] + elapsed_ms
+    correction = estimate - predicted
+    if abs(correction) > step_ms:
+        return max(last[1], estimate)
+    allowed = elapsed_ms * slew
+    return max(last[1], predicted + max(-allowed, min(allowed, correction)))
