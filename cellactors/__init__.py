@@ -10,16 +10,31 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CellActor", "Client", "Node", "NodeSettings", "__version__", "read_only"]
+__all__ = [
+    "CellActor",
+    "Client",
+    "Node",
+    "NodeSettings",
+    "Principal",
+    "__version__",
+    "allow",
+    "public",
+    "read_only",
+]
 
 if TYPE_CHECKING:
+    from cellactors.actors.access import allow, public
     from cellactors.actors.cell import CellActor, read_only
     from cellactors.actors.node import Node, NodeSettings
     from cellactors.client import Client
+    from cellactors.core.principal import Principal
 
 _LAZY = {
     "CellActor": "cellactors.actors.cell",
     "read_only": "cellactors.actors.cell",
+    "allow": "cellactors.actors.access",
+    "public": "cellactors.actors.access",
+    "Principal": "cellactors.core.principal",
     "Node": "cellactors.actors.node",
     "NodeSettings": "cellactors.actors.node",
     "Client": "cellactors.client",

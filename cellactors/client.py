@@ -139,7 +139,10 @@ class Client:
         idempotency_keys: bool = True,
         backoff: float = 0.1,
         http: httpx.Client | None = None,
+        token: str | None = None,
     ) -> None:
+        #: Sent as ``Authorization: Bearer <token>`` (an API key or a JWT) when given.
+        self.token = token
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("Client needs at least one node URL")
@@ -188,7 +191,7 @@ class Client:
         except codec.ENCODE_ERRORS as e:
             raise BadRequest(f"the arguments cannot be encoded as {self.encoding}: {e}") from e
         path = "/cells/{}/{}/{}".format(*(_quote(p) for p in (cls_name, name, method)))
-        headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding]}
+        headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding], **self._auth()}
         if key is not None:
             headers[codec.IDEMPOTENCY_HEADER] = key
         start = self._next_start()
@@ -223,6 +226,9 @@ class Client:
         """The URL a new call (or feed) tries first: round robin over ``urls``."""
         with self._start_lock:
             return next(self._start) % len(self.urls)
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response | CallError:
         """One attempt: the answer, or the error of a request that got none (``not_run``
@@ -294,7 +300,7 @@ class Client:
             err: CallError | None = None
             try:
                 with self._http.stream(
-                    "GET", base + path, params=params, headers={"Accept": accept}
+                    "GET", base + path, params=params, headers={"Accept": accept, **self._auth()}
                 ) as resp:
                     if not resp.is_success:
                         resp.read()

@@ -370,6 +370,24 @@ class StaleTarget(Unauthorized):
     code = "stale_target"
 
 
+class Unauthenticated(CallError):
+    """No credential where the method needs one, or a key or token the node's schemes
+    refuse. Refused before the cell is activated: it did not run."""
+
+    status = 401
+    code = "unauthenticated"
+    outcome = NOT_RUN
+
+
+class Forbidden(CallError):
+    """An authenticated caller the method's rule (or the class's ``authorize``) does not
+    admit. Refused before the cell is activated; it did not run."""
+
+    status = 403
+    code = "forbidden"
+    outcome = NOT_RUN
+
+
 class PeerRefused(CallError):
     """The owning peer refused our signed forward (key or clock mismatch); not executed."""
 
@@ -437,6 +455,8 @@ _BY_CODE: dict[str, type[CallError]] = {
         CallCycle,
         Unauthorized,
         StaleTarget,
+        Unauthenticated,
+        Forbidden,
         PeerRefused,
         DeadLetterNotFound,
         FeedUnavailable,

@@ -36,6 +36,7 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
 from cellactors.core import keys
 from cellactors.core.changes import Change
+from cellactors.core.principal import Principal
 from cellactors.core.routing import reroutable_error
 from cellactors.core.types import Applied, Match
 from cellactors.errors import CallError, NodeUnavailable, RemoteOwner
@@ -137,13 +138,16 @@ class Fleet:
         kwargs: dict[str, Any],
         key: str | None,
         chain: tuple[str, ...],
+        caller: Principal | None = None,
     ) -> Any:
         """A call a node hands to the owner of its cell: the owner's ``Node`` runs it, as
         its internal listener would; a stopped owner never answers (the call ran nowhere)."""
         target = next((n for n in self.nodes if n.node_id == owner.node), None)
         if target is None or owner.node in self._down:
             raise NodeUnavailable(f"{owner.node} is down")
-        return target.call(cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain)
+        return target.call(
+            cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain, caller=caller
+        )
 
     # --- nodes ---------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from cellactors.actors.messages import (
 )
 from cellactors.actors.pykka_ext import LazyThreadingActor
 from cellactors.core import alarms, keys
+from cellactors.core.principal import Principal
 from cellactors.errors import (
     BadRequest,
     ConfigError,
@@ -163,6 +164,7 @@ class CellActor(LazyThreadingActor):
     name: str
     _runtime: CellRuntime | None = None
     _chain: tuple[str, ...] = ()
+    _caller: Principal | None = None
     _in_txn: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -197,6 +199,7 @@ class CellActor(LazyThreadingActor):
             self.name = runtime.name
             reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
             self._chain = (self.cell_id,)
+            self._caller = None
             self.__executor = CellExecutor(self, runtime)
             self.__executor.transact(self.on_activate, (), {}, reply)
             reply.get()
@@ -213,7 +216,25 @@ class CellActor(LazyThreadingActor):
         any call; the alarm is consumed in that transaction unless it sets a new one. If it
         raises, it is rolled back and retried (see ``alarm_max_failures``)."""
 
+    @classmethod
+    def authorize(cls, caller: Principal | None, name: str, method: str) -> bool:
+        """Whether ``caller`` may call ``method`` on the cell ``name`` of this class: the
+        rule that needs the cell's name (a tenant per cell, say). Runs on the node that
+        took the call, before the cell is activated, after the method's own rule
+        (:func:`cellactors.allow`, :func:`cellactors.public`) admitted the caller; False
+        answers 403 ``forbidden`` and the call does not run. It has no access to the
+        cell's state. The default admits everyone the method's rule admitted."""
+        return True
+
     # --- the API cells use inside their methods -----------------------------------------
+
+    @property
+    def caller(self) -> Principal | None:
+        """Who called the running method: the principal the node authenticated (its
+        ``name`` and ``roles``), carried unchanged into the calls and messages this method
+        makes to other cells; None for an anonymous caller, ``on_activate`` and
+        ``on_alarm``."""
+        return self._caller
 
     def now(self) -> float:
         """The runtime's time in epoch seconds: the store's clock, which alarms fall due by
@@ -253,7 +274,9 @@ class CellActor(LazyThreadingActor):
             raise BadRequest(f"{cls_name} has no public method {method!r}")
         check_serializable(kwargs, "message arguments")
         with database.runtime_writes() as tables:
-            return tables.add_message(rt.next_txid, target, method, dict(kwargs), rt.clock.now_ms())
+            return tables.add_message(
+                rt.next_txid, target, method, dict(kwargs), rt.clock.now_ms(), self._caller
+            )
 
     @classmethod
     def exposed_methods(cls) -> frozenset[str]:
@@ -278,6 +301,7 @@ class CellActor(LazyThreadingActor):
             "alarm_max_failures",
             "alarm_backoff_s",
             "alarm_backoff_max_s",
+            "authorize",
             "_abc_impl",
         }
         clashes = sorted(
@@ -359,4 +383,6 @@ class CellActor(LazyThreadingActor):
             raise RuntimeError("a read-only method cannot call other cells")
         if rt.services is None:
             raise RuntimeError("this cell runs without a node: it cannot call other cells")
-        return rt.services.call_cell(cls_name, name, method, kwargs, key=key, chain=self._chain)
+        return rt.services.call_cell(
+            cls_name, name, method, kwargs, key=key, chain=self._chain, caller=self._caller
+        )

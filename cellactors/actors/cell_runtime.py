@@ -16,6 +16,7 @@ import msgpack
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke
 from cellactors.clock import RuntimeClock, StoreClock
+from cellactors.core.principal import Principal
 from cellactors.errors import BadRequest, BadResult
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.database import CellDatabase
@@ -117,6 +118,7 @@ class CellServices(Protocol):
         *,
         key: str | None = None,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any: ...
 
 

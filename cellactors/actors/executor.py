@@ -30,6 +30,7 @@ from cellactors.actors.cell_runtime import (
 from cellactors.actors.channel import Outcome
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ReadOutbox, TakeImage
 from cellactors.core import alarms
+from cellactors.core.principal import Principal, scoped_key
 from cellactors.errors import UNKNOWN, BadResult, KeyConflict, MethodFailed, NodeStorageFault
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.capture import TxnChanges
@@ -48,6 +49,7 @@ class Executed(Protocol):
 
     cell_id: str
     _chain: tuple[str, ...]
+    _caller: Principal | None
     _in_txn: bool
     alarm_max_failures: ClassVar[int]
     alarm_backoff_s: ClassVar[float]
@@ -194,6 +196,7 @@ class CellExecutor:
         if row is not None and row.at_ms <= rt.clock.now_ms():
             rt.last_used = time.monotonic()
             self.cell._chain = (self.cell.cell_id,)
+            self.cell._caller = None  # the runtime's own: no caller
 
             def body() -> None:
                 self.cell.on_alarm()
@@ -255,6 +258,7 @@ class CellExecutor:
         msg.started = True
         fn = getattr(self.cell, msg.method)
         self.cell._chain = (*msg.chain, self.cell.cell_id)
+        self.cell._caller = msg.caller
         digest = ""
         if msg.key is not None:
             answered, digest = self._replay(msg, fn)
@@ -273,7 +277,9 @@ class CellExecutor:
             digest = calls.args_digest(arguments, msg.args, msg.kwargs)
             rt.database.check_usable()
             try:
-                recorded = rt.database.calls.lookup(msg.key, msg.retention, rt.clock.now_ms())
+                recorded = rt.database.calls.lookup(
+                    scoped_key(msg.key, msg.caller), msg.retention, rt.clock.now_ms()
+                )
             except Exception as err:
                 fault = rt.database.storage_fault(err)
                 if fault is None:
@@ -320,6 +326,8 @@ class CellExecutor:
         rt.last_used = time.monotonic()
         outcome = Outcome(reply)
         key = call.key if call is not None else None
+        if key is not None and call is not None:
+            key = scoped_key(key, call.caller)  # two callers' equal keys never meet
         encoded = b""
 
         def check(result: Any) -> None:

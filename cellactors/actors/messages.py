@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from pykka.messages import ProxyCall, ProxyGetAttr
 
+from cellactors.core.principal import Principal
 from cellactors.persistence.celldb.calls import Retention
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ class Invoke:
     #: The cells waiting on this call, outermost first (calls between cells): a call from
     #: it to any of them would deadlock and is refused (``CallCycle``).
     chain: tuple[str, ...] = ()
+    #: Who called (the principal the public listener authenticated, carried through calls
+    #: between cells and the outbox); None for an anonymous caller.
+    caller: Principal | None = None
     #: A read-only call running on the serving event loop: its SQL is interrupted at this
     #: ``time.perf_counter()`` (None: never), and the call is then not answered but
     #: ``interrupted``, to be sent again off the loop (it had no effect).

@@ -230,7 +230,14 @@ class OutboxWorkers:
         dead-letter policy)."""
         cls_name, _, name = message.target.partition(":")
         try:
-            self.node.call_cell(cls_name, name, message.method, message.kwargs, key=message.id)
+            self.node.call_cell(
+                cls_name,
+                name,
+                message.method,
+                message.kwargs,
+                key=message.id,
+                caller=message.caller,
+            )
         except InvalidCellId as err:
             return self._failed(message, worker, Failure.FINAL, "bad_request", NOT_RUN, str(err))
         except CallError as err:

@@ -11,6 +11,7 @@ line; ``retry`` and ``purge`` print the ids they moved or deleted, one per line.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 from urllib.parse import quote
 
@@ -18,9 +19,9 @@ import click
 import httpx
 
 from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
-from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.cli.store_options import PEER_KEY_FILE_ENV, StoreArgs, store_options
 from cellactors.core import keys
-from cellactors.errors import BucketError, CellactorsError
+from cellactors.errors import BucketError, CellactorsError, ConfigError
 from cellactors.server import signing
 
 NODE_ENV = "CELLACTORS_NODE_URL"
@@ -199,8 +200,18 @@ def _decoded(resp: httpx.Response) -> dict[str, Any]:
 
 
 def _fleet_key(store: StoreArgs) -> bytes:
-    """The fleet key from the bucket (read only)."""
+    """The key nodes accept: the signing key of the keyring file ``CELLACTORS_PEER_KEY_FILE``
+    names, as the nodes' ``--peer-key-file``; else the fleet key from the bucket (read only)."""
     from cellactors.persistence.control.peer_auth import read_peer_key
+
+    keyring = os.environ.get(PEER_KEY_FILE_ENV)
+    if keyring:
+        from cellactors.server.peer_keys import keyring_file
+
+        try:
+            return keyring_file(keyring)().signing
+        except ConfigError as err:
+            raise CommandFailed(str(err)) from err
 
     bucket = store.open()
     try:

@@ -4,10 +4,11 @@ without listening) before the store is touched, so that a port in use fails at o
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 from dataclasses import dataclass
+
+from cellactors.server import hosts
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 DEFAULT_INTERNAL = "127.0.0.1:8081"
@@ -33,12 +34,7 @@ class Address:
 
     @property
     def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        return hosts.is_loopback(self.host)
 
     @property
     def is_wildcard(self) -> bool:

@@ -30,6 +30,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from cellactors.cli.auth_options import Access, AuthArgs, auth_options
 from cellactors.cli.embedded_store import start_embedded_store
 from cellactors.cli.failures import (
     EXIT_ADDRESS_IN_USE,
@@ -54,6 +55,8 @@ from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.celldb.files import private_dir
 from cellactors.persistence.store.bucket import Bucket
+from cellactors.server.auth.authentication import check_exposure
+from cellactors.server.peer_keys import keyring_file
 
 log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -154,6 +157,16 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="A name the internal listener answers to in Host, besides loopback names, the "
     "address it listens on and the advertised one (repeatable; fnmatch patterns such as "
     "*.peers.ns.svc allowed): any other Host is refused, against DNS rebinding.",
+)
+@auth_options()
+@_option(
+    "--peer-key-file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Sign and check peer calls with these keys (one per line, 64 hex digits; the first "
+    "signs, all are accepted; read again when it changes) instead of the fleet key in the "
+    "bucket: rotation without downtime, and bucket readers cannot sign peer calls.",
 )
 @_option(
     "--data-dir",
@@ -282,6 +295,8 @@ def serve(
     internal_listen: str | None,
     advertise: str | None,
     internal_hosts: tuple[str, ...],
+    auth: AuthArgs,
+    peer_key_file: Path | None,
     data_dir: Path,
     lease_ttl: float,
     max_clock_skew: float | None,
@@ -314,6 +329,10 @@ def serve(
         listeners = plan_listeners(listen, internal_listen, advertise)
         node = keys.validate_node_id(node_id or default_node_id())
         classes = load_app(app)
+        authentication = auth.authentication()
+        peer_keys = keyring_file(peer_key_file) if peer_key_file is not None else None
+        auth.check_cors()
+        check_exposure(authentication, listeners.public.host, auth.allow_anonymous)
         settings = NodeSettings(
             lease_ttl=lease_ttl,
             max_clock_skew=max_clock_skew,
@@ -330,7 +349,11 @@ def serve(
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
-    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, internal_hosts)
+    log.info("public listener authentication: %s", authentication.describe())
+    access = Access(
+        authentication, auth.allow_anonymous, auth.cors_origins, internal_hosts, peer_keys
+    )
+    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, access)
     if code == EXIT_FENCED:
         _exit_now(code)
     sys.exit(code)
@@ -353,7 +376,7 @@ def _run(
     listeners: Listeners,
     max_body_bytes: int,
     data_dir: Path,
-    internal_hosts: tuple[str, ...] = (),
+    access: Access | None = None,
 ) -> int:
     """Open the store, qualify it, take the lease and serve; the exit code."""
     from cellactors.actors.node import Node
@@ -361,6 +384,8 @@ def _run(
     from cellactors.persistence.store.embedded import SeaweedServer
     from cellactors.server.app import ServerSettings
     from cellactors.server.runner import FenceLatch, serve_node
+
+    access = access or Access()
 
     embedded: SeaweedServer | None = None
     bucket: Bucket | None = None
@@ -375,7 +400,7 @@ def _run(
             else:
                 bucket = store.open()
             _probe(bucket)
-            key = ensure_peer_key(bucket)
+            key = access.peer_keys or ensure_peer_key(bucket)
             latch = FenceLatch()
             node = Node(bucket, node_id, classes, settings, on_fence=latch.trip)
             log.info(
@@ -389,7 +414,10 @@ def _run(
         server_settings = ServerSettings(
             max_body_bytes=max_body_bytes,
             call_timeout=settings.call_timeout,
-            internal_hosts=internal_hosts,
+            internal_hosts=access.internal_hosts,
+            authentication=access.authentication,
+            allow_anonymous=access.allow_anonymous,
+            cors_origins=access.cors_origins,
         )
         public, internal = listeners.public, listeners.internal
         code = serve_node(

@@ -19,6 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 import cellactors.errors as errors
+from cellactors.core import principal
+from cellactors.core.principal import Principal
 from cellactors.errors import CallError, NodeUnavailable, NotDurable, PeerRefused, StaleRoute
 from cellactors.server import signing
 from cellactors.wire import codec
@@ -69,6 +71,7 @@ def signed(
     idempotency_key: str | None,
     now: float,
     chain: tuple[str, ...] = (),
+    caller: Principal | None = None,
 ) -> Forward:
     """The call signed by ``source`` for ``owner``'s current process, at store time ``now``."""
     path = INTERNAL_CELL_ROUTE.format(cls_name=cls_name, name=name, method=method)
@@ -82,6 +85,7 @@ def signed(
         target_generation=owner.generation,
         idempotency_key=idempotency_key,
         now=now,
+        caller=principal.encode(caller),
     )
     headers["Content-Type"] = codec.CONTENT_TYPES[encoding]
     if chain:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cellactors.errors as errors
 from cellactors.core import keys
+from cellactors.core.principal import Principal
 from cellactors.errors import (
     NOT_RUN,
     BadRequest,
@@ -45,7 +46,9 @@ from cellactors.errors import (
     UnknownMethod,
 )
 from cellactors.server import signing
+from cellactors.server.auth.authentication import Authentication
 from cellactors.server.loop_reply import LoopReply
+from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
 from cellactors.wire import codec
 
 if TYPE_CHECKING:
@@ -90,6 +93,7 @@ class NodeLike(Protocol):
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any: ...
 
     def submit_here(
@@ -103,6 +107,7 @@ class NodeLike(Protocol):
         timeout: float | None = None,
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
+        caller: Principal | None = None,
     ) -> Submitted | None: ...
 
     def still_pending(self, sub: Submitted) -> bool: ...
@@ -164,6 +169,12 @@ class ServerSettings:
     #: Names (or ``fnmatch`` patterns, e.g. ``*.peers.ns.svc``) the internal listener answers
     #: to in ``Host``, besides loopback names and the address it listens on.
     internal_hosts: tuple[str, ...] = ()
+    #: Who is calling the public listener (no scheme: open, every caller admitted).
+    authentication: Authentication = field(default_factory=Authentication)
+    #: An open public listener on an address other than loopback, on purpose.
+    allow_anonymous: bool = False
+    #: Origins whose pages may call the public listener from a browser (CORS); none: off.
+    cors_origins: tuple[str, ...] = ()
 
 
 def error_response(
@@ -226,13 +237,18 @@ def hand_over(request: Request) -> None:
 class Core:
     """State shared by the handlers of one app: node, key, settings, limiter."""
 
-    def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
-        if len(fleet_key) != signing.KEY_BYTES:
-            raise ValueError(f"the fleet key must be {signing.KEY_BYTES} bytes")
+    def __init__(
+        self, node: NodeLike, fleet_key: bytes | PeerKeys | KeySource, settings: ServerSettings
+    ) -> None:
+        self.keys = key_source(fleet_key)
         self.node = node
-        self.key = fleet_key
         self.settings = settings
         self.limiter = anyio.CapacityLimiter(settings.max_concurrent_calls)
+
+    @property
+    def key(self) -> bytes:
+        """The key this node signs peer requests with now."""
+        return self.keys().signing
 
     async def run(self, func: Callable[..., T], *args: Any) -> T:
         """Run a blocking node method in a worker thread under the call limiter."""
@@ -247,6 +263,7 @@ class Core:
         key: str | None,
         check: codec.ResultCheck,
         blocking: Callable[[], Any],
+        caller: Principal | None = None,
     ) -> Any:
         """A call: straight into the cell's mailbox when the cell is active on this node
         (or run right here, for a read-only method of an idle cell), this task resuming when
@@ -270,6 +287,7 @@ class Core:
                 timeout=self.settings.call_timeout,
                 key=key,
                 result_check=check,
+                caller=caller,
             )
             while sub is not None:
                 if await reply.wait(PENDING_CHECK_S):

@@ -21,9 +21,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import cellactors.errors as errors
-from cellactors.core import keys
+from cellactors.core import keys, principal
+from cellactors.core.principal import Principal
 from cellactors.errors import (
     NOT_RUN,
+    BadRequest,
     BucketError,
     DeadLetterNotFound,
     RemoteOwner,
@@ -43,6 +45,7 @@ from cellactors.server.handling import (
     as_call_error,
     hand_over,
 )
+from cellactors.server.peer_keys import KeySource, PeerKeys
 from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
@@ -51,7 +54,9 @@ log = logging.getLogger("cellactors.server")
 class _InternalCore(Core):
     """Signed forwarded calls from peers, and the operator endpoints."""
 
-    def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
+    def __init__(
+        self, node: NodeLike, fleet_key: bytes | PeerKeys | KeySource, settings: ServerSettings
+    ) -> None:
         super().__init__(node, fleet_key, settings)
         self.nonces = signing.NonceCache(settings.signature_window, settings.nonce_cache_size)
         self._fleet: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer)
@@ -70,7 +75,7 @@ class _InternalCore(Core):
                 self.settings.max_body_bytes,
             )
             source = signing.verify_request(
-                self.key,
+                self.keys().accepted,
                 request.method,
                 request.scope["path"],
                 body,
@@ -85,14 +90,17 @@ class _InternalCore(Core):
             self.check_target(cls_name, name, method)
             kwargs = codec.decode_kwargs(body, encoding)
             chain = decode_chain(request.headers.get(CHAIN_HEADER))  # a call between cells
+            caller = _caller(request)  # covered by the signature just verified
             hand_over(request)
             blocking = functools.partial(
-                self._call, cls_name, name, method, kwargs, key, check, chain
+                self._call, cls_name, name, method, kwargs, key, check, chain, caller
             )
             if chain:  # a call between cells: its cycle check is the blocking path's
                 result = await self.run(blocking)
             else:
-                result = await self.run_call(cls_name, name, method, kwargs, key, check, blocking)
+                result = await self.run_call(
+                    cls_name, name, method, kwargs, key, check, blocking, caller
+                )
         except ClientDisconnect:
             raise  # the answer guard logs it; nobody is left to answer
         except RemoteOwner as e:
@@ -115,6 +123,7 @@ class _InternalCore(Core):
         key: str | None,
         check: codec.ResultCheck,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any:
         return self.node.call(
             cls_name,
@@ -126,6 +135,7 @@ class _InternalCore(Core):
             key=key,
             result_check=check,
             **({"chain": chain} if chain else {}),  # only calls between cells carry one
+            caller=caller,
         )
 
     # --- dead letters (operator endpoints, signed with the fleet key) ---------------------
@@ -163,7 +173,7 @@ class _InternalCore(Core):
         try:
             body = await codec.read_body(request.stream(), request.headers.get("content-length"), 0)
             signing.verify_request(
-                self.key,
+                self.keys().accepted,
                 request.method,
                 request.scope["path"],
                 body,
@@ -235,7 +245,7 @@ class _InternalCore(Core):
 
 def build_internal_app(
     node: NodeLike,
-    fleet_key: bytes,
+    fleet_key: bytes | PeerKeys | KeySource,
     settings: ServerSettings | None = None,
     bound: str = "",
     advertised: str = "",
@@ -266,3 +276,11 @@ def build_internal_app(
     )
     app.state.core = core
     return app
+
+
+def _caller(request: Request) -> Principal | None:
+    """The originating caller a verified peer request names (None: anonymous)."""
+    try:
+        return principal.decode(request.headers.get(signing.CALLER_HEADER))
+    except ValueError as e:
+        raise BadRequest(f"malformed caller header: {e}") from None

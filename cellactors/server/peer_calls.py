@@ -3,10 +3,11 @@
 When a cell (or the outbox) calls a cell owned by another live node, the node hands the call
 to :class:`PeerCaller`, which sends it signed to the owner's internal listener like a
 forwarded client call, with the call chain in ``X-Cellactors-Chain`` (so the owner refuses a
-cycle) and the idempotency key if any. The owner's answer comes back as the result or as the
-matching :mod:`cellactors.errors` class; a request that was never sent is
-``node_unavailable`` and a stale target ``stale_route`` (both ``not_run``: the node looks the
-owner up again), a request sent without an answer ``not_durable`` (``unknown``).
+cycle), the originating caller (signed) and the idempotency key if any. The owner's answer
+comes back as the result or as the matching :mod:`cellactors.errors` class; a request
+that was never sent is ``node_unavailable`` and a stale target ``stale_route`` (both
+``not_run``: the node looks the owner up again), a request sent without an answer
+``not_durable`` (``unknown``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any
 import httpx
 
 from cellactors.core.idempotency import check_key
+from cellactors.core.principal import Principal
 from cellactors.errors import (
     CallError,
     RemoteOwner,
     error_from_answer,
 )
 from cellactors.server import forward
+from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
 from cellactors.wire import codec
 from cellactors.wire.unsent import WriteWatch
 
@@ -35,13 +38,13 @@ class PeerCaller:
     def __init__(
         self,
         node_id: str,
-        fleet_key: bytes,
+        fleet_key: bytes | PeerKeys | KeySource,
         timeout: float = 40.0,
         connect_timeout: float = 3.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_id = node_id
-        self.key = fleet_key
+        self.keys = key_source(fleet_key)
         self.clock = clock  # epoch seconds the signatures are stamped with (the store's)
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._local = threading.local()
@@ -61,11 +64,12 @@ class PeerCaller:
         kwargs: dict[str, Any],
         key: str | None,
         chain: tuple[str, ...],
+        caller: Principal | None = None,
     ) -> Any:
         if key is not None:
             check_key(key)
         call = forward.signed(
-            self.key,
+            self.keys().signing,
             self.node_id,
             owner,
             cls_name,
@@ -76,6 +80,7 @@ class PeerCaller:
             idempotency_key=key,
             now=self.clock(),
             chain=chain,
+            caller=caller,
         )
         watch = WriteWatch()
         try:

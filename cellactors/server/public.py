@@ -23,6 +23,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from cellactors.core import keys
+from cellactors.core.access import FEED_ROLE
+from cellactors.core.principal import Principal
 from cellactors.core.routing import reroutable, reroutable_error
 from cellactors.errors import (
     BadRequest,
@@ -37,7 +39,8 @@ from cellactors.errors import (
     UnknownCell,
     UnsupportedMediaType,
 )
-from cellactors.server import forward
+from cellactors.server import cors, forward
+from cellactors.server.auth.admission import admit_call, admit_role
 from cellactors.server.handling import (
     CELL_ROUTE,
     CHANGES_ROUTE,
@@ -52,6 +55,7 @@ from cellactors.server.handling import (
     as_call_error,
     hand_over,
 )
+from cellactors.server.peer_keys import KeySource, PeerKeys
 from cellactors.wire import codec
 from cellactors.wire.unsent import NOT_SENT
 
@@ -69,12 +73,15 @@ class _Call:
     body: bytes
     encoding: codec.Encoding
     key: str | None
+    caller: Principal | None
 
 
 class _PublicCore(Core):
     """Public calls: run here, or forward once to the owner (and once more on stale route)."""
 
-    def __init__(self, node: NodeLike, fleet_key: bytes, settings: ServerSettings) -> None:
+    def __init__(
+        self, node: NodeLike, fleet_key: bytes | PeerKeys | KeySource, settings: ServerSettings
+    ) -> None:
         super().__init__(node, fleet_key, settings)
         self._client: httpx.AsyncClient | None = None
         self.feed_limiter = anyio.CapacityLimiter(settings.max_concurrent_feeds)
@@ -92,6 +99,17 @@ class _PublicCore(Core):
                 ),
             )
         return self._client
+
+    async def admitted_changes(self, request: Request) -> Response:
+        """The change feed, for callers holding the ``feed`` role (or ``admin``) only: it
+        shows every row a cell writes, not what its methods choose to answer."""
+        try:
+            admit_role(
+                self.settings.authentication, FEED_ROLE, request.headers, "read the change feed"
+            )
+        except CallError as e:
+            return self.error(e, codec.encoding_for(request.headers.get("accept")))
+        return await self.handle_changes(request)
 
     async def handle_changes(self, request: Request) -> Response:
         """``GET /cells/{cls}/{name}/changes?after=TXID&wait=SECONDS``: the cell's
@@ -168,8 +186,15 @@ class _PublicCore(Core):
         try:
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
             self.check_target(cls_name, name, method)
+            caller = admit_call(
+                self.settings.authentication,
+                self.node.classes[cls_name],
+                name,
+                method,
+                request.headers,
+            )
             body, kwargs = await self.read_kwargs(request, encoding)
-            call = _Call(cls_name, name, method, kwargs, body, encoding, key)
+            call = _Call(cls_name, name, method, kwargs, body, encoding, key, caller)
             return await self.route(request, call)
         except (CallError, InvalidCellId) as e:
             return self.error(as_call_error(e), encoding)
@@ -190,6 +215,7 @@ class _PublicCore(Core):
                     call.key,
                     check,
                     functools.partial(self._call, call, check),
+                    call.caller,
                 )
             except RemoteOwner as owner:
                 answer, reroute = await self.forward(owner, call)
@@ -220,6 +246,7 @@ class _PublicCore(Core):
             timeout=self.settings.call_timeout,
             key=call.key,
             result_check=check,
+            caller=call.caller,
         )
 
     async def forward(self, owner: RemoteOwner, call: _Call) -> tuple[Response, bool]:
@@ -238,6 +265,7 @@ class _PublicCore(Core):
             encoding,
             idempotency_key=call.key,
             now=self.node.store_time(),
+            caller=call.caller,
         )
         try:
             peer = await self.client().post(sent.url, content=sent.body, headers=sent.headers)
@@ -309,7 +337,9 @@ def _pass_through(peer: httpx.Response, encoding: codec.Encoding) -> Response:
 
 
 def build_public_app(
-    node: NodeLike, fleet_key: bytes, settings: ServerSettings | None = None
+    node: NodeLike,
+    fleet_key: bytes | PeerKeys | KeySource,
+    settings: ServerSettings | None = None,
 ) -> Starlette:
     """The client-facing app: cell calls (run here or forwarded), change feeds and a health
     check."""
@@ -323,13 +353,16 @@ def build_public_app(
             await core.aclose()
 
     routes = [
-        Route(CHANGES_ROUTE, core.handle_changes, methods=["GET"]),
+        Route(CHANGES_ROUTE, core.admitted_changes, methods=["GET"]),
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/healthz", core.healthz, methods=["GET"]),
     ]
+    middleware = [Middleware(AnswerGuard, core=core)]
+    if core.settings.cors_origins:
+        middleware.append(cors.middleware(core.settings.cors_origins))
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(AnswerGuard, core=core)],
+        middleware=middleware,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

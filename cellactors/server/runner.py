@@ -33,7 +33,9 @@ from cellactors.server.app import (
     build_internal_app,
     build_public_app,
 )
+from cellactors.server.auth.authentication import check_exposure
 from cellactors.server.peer_calls import PeerCaller
+from cellactors.server.peer_keys import KeySource, PeerKeys
 
 log = logging.getLogger("cellactors.server")
 
@@ -114,7 +116,7 @@ class Runner:
     def __init__(
         self,
         node: NodeLike,
-        fleet_key: bytes,
+        fleet_key: bytes | PeerKeys | KeySource,
         *,
         public: tuple[str, int] = ("127.0.0.1", 8080),
         internal: tuple[str, int] = ("127.0.0.1", 8081),
@@ -126,6 +128,7 @@ class Runner:
     ) -> None:
         self.node = node
         self.settings = settings or ServerSettings()
+        check_exposure(self.settings.authentication, public[0], self.settings.allow_anonymous)
         self.fence = fence or FenceLatch()
         self.fence_stream = fence_stream
         install = getattr(node, "set_forwarder", None)
@@ -313,7 +316,7 @@ def _bound_address(server: uvicorn.Server) -> tuple[str, int]:
 
 def serve_node(
     node: NodeLike,
-    fleet_key: bytes,
+    fleet_key: bytes | PeerKeys | KeySource,
     public: tuple[str, int] = ("127.0.0.1", 8080),
     internal: tuple[str, int] = ("127.0.0.1", 8081),
     settings: ServerSettings | None = None,

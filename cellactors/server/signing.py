@@ -2,7 +2,8 @@
 
 The signature covers the method, the path, sha256 of the body, the source and target node
 ids, the target's process generation, a timestamp, a random nonce and the call's idempotency
-key. The receiver refuses requests that are unsigned, wrongly signed, meant for another node
+key, and the caller (the principal the first node authenticated) when there is one. The
+receiver refuses requests that are unsigned, wrongly signed, meant for another node
 or for another process of this node (an earlier or later generation: so a captured request
 cannot be replayed against a restarted receiver, whose nonce cache is empty), outside the
 +-30 s window, or that replay a nonce it has already seen. Everything here is pure (the
@@ -19,7 +20,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from cellactors.errors import StaleTarget, Unauthorized
 from cellactors.wire.codec import IDEMPOTENCY_HEADER
@@ -30,6 +31,8 @@ GENERATION_HEADER = "X-Cellactors-Target-Generation"
 TIMESTAMP_HEADER = "X-Cellactors-Timestamp"
 NONCE_HEADER = "X-Cellactors-Nonce"
 SIGNATURE_HEADER = "X-Cellactors-Signature"
+#: The originating caller (compact JSON of a principal), signed when present.
+CALLER_HEADER = "X-Cellactors-Caller"
 #: Headers every signed request carries (the idempotency key is signed too, but optional).
 SIGNED_HEADERS = (
     SOURCE_HEADER,
@@ -64,10 +67,12 @@ def string_to_sign(
     timestamp: str,
     nonce: str,
     idempotency_key: str = "",
+    caller: str = "",
 ) -> bytes:
     """The canonical bytes the HMAC covers, one field per line; an absent idempotency key is
-    the empty line (a present key is never empty)."""
-    fields = (
+    the empty line (a present key is never empty). A caller adds one more line; an anonymous
+    call has none, so its signature is what an older node computes."""
+    fields: tuple[str, ...] = (
         SCHEME,
         method.upper(),
         path,
@@ -79,6 +84,8 @@ def string_to_sign(
         nonce,
         idempotency_key,
     )
+    if caller:
+        fields = (*fields, caller)
     return "\n".join(fields).encode("utf-8")
 
 
@@ -100,6 +107,7 @@ def sign_request(
     idempotency_key: str | None = None,
     now: float | None = None,
     nonce: str | None = None,
+    caller: str = "",
 ) -> dict[str, str]:
     """Headers that authenticate one request from ``source`` to the process
     ``target_generation`` of node ``target`` (from the target's lease), carrying
@@ -119,6 +127,7 @@ def sign_request(
         timestamp,
         nonce,
         idempotency_key or "",
+        caller,
     )
     headers = {
         SOURCE_HEADER: source,
@@ -130,6 +139,8 @@ def sign_request(
     }
     if idempotency_key is not None:
         headers[KEY_HEADER] = idempotency_key
+    if caller:
+        headers[CALLER_HEADER] = caller
     return headers
 
 
@@ -188,7 +199,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def verify_request(
-    key: bytes,
+    key: bytes | Sequence[bytes],
     method: str,
     path: str,
     body: bytes,
@@ -200,12 +211,13 @@ def verify_request(
     now: float | None = None,
     window: float = DEFAULT_WINDOW,
 ) -> str:
-    """Check a peer request and return its source node id, or raise :class:`Unauthorized`
+    """Check a peer request signed with ``key`` (or any of several, during a rotation) and
+    return its source node id, or raise :class:`Unauthorized`
     (:class:`StaleTarget` when it was signed for another process of this node).
 
-    The ``Idempotency-Key`` header, when present, is covered by the signature: the caller
-    reads it from the same ``headers`` after this returns. The nonce is recorded only after
-    the signature has been verified, so a forger cannot fill the replay cache.
+    The ``Idempotency-Key`` and caller headers, when present, are covered by the signature:
+    the caller reads them from the same ``headers`` after this returns. The nonce is recorded
+    only after the signature has been verified, so a forger cannot fill the replay cache.
     """
     now = time.time() if now is None else now
     values = {name: _header(headers, name) for name in SIGNED_HEADERS}
@@ -216,6 +228,7 @@ def verify_request(
     target = values[TARGET_HEADER] or ""
     generation = values[GENERATION_HEADER] or ""
     idempotency_key = _header(headers, KEY_HEADER) or ""
+    caller = _header(headers, CALLER_HEADER) or ""
     timestamp = values[TIMESTAMP_HEADER] or ""
     nonce = values[NONCE_HEADER] or ""
     signature = values[SIGNATURE_HEADER] or ""
@@ -228,10 +241,14 @@ def verify_request(
     if not _GENERATION_RE.fullmatch(generation):
         raise Unauthorized("malformed target generation")
     message = string_to_sign(
-        method, path, body, source, target, generation, timestamp, nonce, idempotency_key
+        method, path, body, source, target, generation, timestamp, nonce, idempotency_key, caller
     )
-    expected = compute_signature(key, message)
-    if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "replace")):
+    given = signature.encode("utf-8", "replace")
+    matched = False
+    for one in (key,) if isinstance(key, bytes) else key:  # each compared, in constant time
+        expected = compute_signature(one, message).encode("ascii")
+        matched = hmac.compare_digest(expected, given) or matched
+    if not matched:
         raise Unauthorized("bad signature")
     if target != expected_target:
         raise Unauthorized(f"request is for node {target!r}, this is {expected_target!r}")

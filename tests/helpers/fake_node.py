@@ -162,6 +162,7 @@ class FakeNode:
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
         chain: tuple[str, ...] = (),
+        caller: Any = None,
     ) -> Any:
         keys.make_cell_id(cls_name, name)  # InvalidCellId, like the runtime
         if cls_name not in self.classes:

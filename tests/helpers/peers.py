@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cellactors import Node
+from cellactors.core.principal import Principal
 from cellactors.errors import NodeUnavailable, RemoteOwner
 
 
@@ -28,10 +29,11 @@ class Peers:
         kwargs: dict[str, Any],
         key: str | None,
         chain: tuple[str, ...],
+        caller: Principal | None = None,
     ) -> Any:
         if owner.node in self.down:
             raise NodeUnavailable(f"{owner.node} is down")
         self.forwards += 1
         return self.nodes[owner.node].call(
-            cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain
+            cls_name, name, method, kwargs, forwarded=True, key=key, chain=chain, caller=caller
         )

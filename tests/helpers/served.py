@@ -14,6 +14,7 @@ from typing import Any
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.server.app import ServerSettings
+from cellactors.server.peer_keys import KeySource
 from cellactors.server.runner import Runner
 from tests.helpers.cells import Counter, Sandbox
 from tests.helpers.runtime import TTL, eventually
@@ -46,6 +47,7 @@ def served_node(
     node_id: str,
     settings: ServerSettings | None = None,
     classes: Sequence[type[CellActor]] = (Counter, Sandbox),
+    keys: bytes | KeySource = KEY,
     **node_settings: Any,
 ) -> Iterator[ServedNode]:
     """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
@@ -59,7 +61,7 @@ def served_node(
     node = Node(bucket, node_id, list(classes), tunables).start()
     runner = Runner(
         node,
-        KEY,
+        keys,
         public=("127.0.0.1", public_port),
         internal=("127.0.0.1", internal_port),
         settings=settings,

@@ -24,6 +24,7 @@ from cellactors.actors.ownership import Active
 from cellactors.core import alarms as alarm_rules
 from cellactors.core import keys
 from cellactors.core.idempotency import check_key
+from cellactors.core.principal import Principal
 from cellactors.core.read_budget import QuickReads
 from cellactors.errors import (
     NOT_RUN,
@@ -201,6 +202,7 @@ class CallRunner:
         key: str | None,
         result_check: Callable[[Any], None] | None,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any:
         """Run the call (see :meth:`cellactors.actors.node.Node.call`)."""
         if self.host.status is NodeStatus.SERVING and self.host.deadline.passed():
@@ -231,6 +233,7 @@ class CallRunner:
                 result_check=result_check,
                 retention=self.retention,
                 chain=chain,
+                caller=caller,
             )
             try:
                 deliver(cls, active, invoke, self.host.quick_reads)
@@ -254,6 +257,7 @@ class CallRunner:
         timeout: float | None = None,
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
+        caller: Principal | None = None,
     ) -> Submitted | None:
         """Hand a call to its cell without blocking, when the cell is active on this node:
         an event loop can then wait for ``reply`` instead of parking a thread in
@@ -283,6 +287,7 @@ class CallRunner:
             key=key,
             result_check=result_check,
             retention=self.retention,
+            caller=caller,
             interrupt_at=time.perf_counter() + self.host.quick_reads.budget_s if reading else None,
         )
         try:

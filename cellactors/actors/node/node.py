@@ -1,12 +1,11 @@
 """A node hosts cells: the composition root that wires its parts, its lifecycle, and the
 calls it serves.
 
-The parts: the gated, metered bucket and the control-record stores; the lease actor that
-keeps ``nodes/<node>.json``; the activation catalogue (:mod:`.activations`), which
-activates, resets and puts away cells; the collector (:mod:`.collector`), which trims,
-hibernates and releases idle ones; the route cache (:mod:`.routes`); the alarm driver and
-the outbox, told of cells opening and leaving through the catalogue's listener. The node
-itself starts them, fences or drains them, and runs calls (:mod:`.calls`).
+Its parts: the gated, metered bucket and control-record stores; the lease actor keeping
+``nodes/<node>.json``; the activation catalogue (:mod:`.activations`); the collector
+(:mod:`.collector`: trims, hibernates, releases idle cells); the route cache
+(:mod:`.routes`); the alarm driver and the outbox, told of cells through the catalogue's
+listener. The node starts them, fences or drains them, and runs calls (:mod:`.calls`).
 
 Lifecycle (:mod:`.status`): ``starting`` until :meth:`Node.start` holds the lease, then
 ``serving``; :meth:`Node.drain` passes through ``draining`` to ``stopped``; :meth:`Node.fence`
@@ -15,6 +14,7 @@ makes it ``fenced`` for good. Nodes in one process share nothing (data, lease, a
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import tempfile
@@ -48,6 +48,7 @@ from cellactors.actors.storage import StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import keys
 from cellactors.core.changes import Change
+from cellactors.core.principal import Principal
 from cellactors.core.read_budget import QuickReads
 from cellactors.core.routing import reroutable_error
 from cellactors.errors import (
@@ -297,50 +298,32 @@ class Node:
         key: str | None = None,
         result_check: Callable[[Any], None] | None = None,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any:
         """Run ``method`` on cell ``cls_name:name``; returns once the result is durable.
 
-        ``chain``: the cells waiting on this call (a call between cells); a target among them
-        is refused with :class:`~cellactors.errors.CallCycle` instead of deadlocking. ``key``:
-        the idempotency key (a recorded key returns the recorded result without running).
-        ``result_check`` runs on the result before commit; if it raises, the call is rolled
-        back and fails with :class:`~cellactors.errors.BadResult`. Counted in the metrics by
-        outcome (a call routed to a live peer as routed away: the owner counts it)."""
+        ``chain``: the cells waiting on this call (a cycle is refused, ``CallCycle``).
+        ``key``: the idempotency key, recorded per ``caller`` (``self.caller`` in the
+        method). ``result_check`` runs on the result before commit; raising rolls the call
+        back (``BadResult``). Counted in the metrics by outcome (a call routed to a live
+        peer as routed away: the owner counts it)."""
+        run = functools.partial(self.runner.call, cls_name, name, method, kwargs, args)
         return calls.counted(
             self.metrics,
             self.classes,
             cls_name,
             method,
             time.monotonic(),
-            lambda: self.runner.call(
-                cls_name, name, method, kwargs, args, forwarded, timeout, key, result_check, chain
-            ),
+            lambda: run(forwarded, timeout, key, result_check, chain, caller),
         )
 
     def submit_here(
-        self,
-        cls_name: str,
-        name: str,
-        method: str,
-        kwargs: dict[str, Any],
-        *,
-        reply: pykka.Future[Any],
-        timeout: float | None = None,
-        key: str | None = None,
-        result_check: Callable[[Any], None] | None = None,
+        self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], **options: Any
     ) -> calls.Submitted | None:
-        """Hand a call to its cell without blocking, when the cell is active here (see
-        :meth:`cellactors.actors.node.calls.CallRunner.submit_here`)."""
-        return self.runner.submit_here(
-            cls_name,
-            name,
-            method,
-            kwargs,
-            reply=reply,
-            timeout=timeout,
-            key=key,
-            result_check=result_check,
-        )
+        """Hand a call to its cell without blocking, when the cell is active here; the
+        ``options`` and the answer are those of
+        :meth:`cellactors.actors.node.calls.CallRunner.submit_here`."""
+        return self.runner.submit_here(cls_name, name, method, kwargs, **options)
 
     def still_pending(self, sub: calls.Submitted) -> bool:
         """A submitted call without its answer yet (see :class:`calls.CallRunner`)."""
@@ -359,6 +342,7 @@ class Node:
         *,
         key: str | None = None,
         chain: tuple[str, ...] = (),
+        caller: Principal | None = None,
     ) -> Any:
         """A call from a cell (or the outbox) to any cell of the fleet: run here, or sent
         to its live owner through :attr:`forwarder`. An answer proving the call ran nowhere
@@ -366,12 +350,14 @@ class Node:
         up once more."""
         for attempt in (1, 2):
             try:
-                return self.call(cls_name, name, method, kwargs, key=key, chain=chain)
+                return self.call(
+                    cls_name, name, method, kwargs, key=key, chain=chain, caller=caller
+                )
             except RemoteOwner as owner:
                 if self.forwarder is None:
                     raise
                 try:
-                    return self.forwarder(owner, cls_name, name, method, kwargs, key, chain)
+                    return self.forwarder(owner, cls_name, name, method, kwargs, key, chain, caller)
                 except CallError as err:
                     if attempt == 2 or not reroutable_error(err):
                         raise

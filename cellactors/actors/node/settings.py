@@ -10,6 +10,7 @@ from typing import Any
 
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.core.dead_letters import DeadLetterPolicy
+from cellactors.core.principal import Principal
 from cellactors.core.read_budget import DEFAULT_BUDGET_S
 from cellactors.errors import ConfigError, RemoteOwner
 from cellactors.persistence.celldb import calls
@@ -73,5 +74,8 @@ class NodeSettings:
 
 #: Sends a call to the live node that owns the cell (``cellactors serve`` installs a
 #: signed HTTP forwarder; in-process fleets may call the owner's ``Node`` directly):
-#: ``(owner, cls_name, name, method, kwargs, key, chain) -> result``.
-Forwarder = Callable[[RemoteOwner, str, str, str, dict[str, Any], str | None, tuple[str, ...]], Any]
+#: ``(owner, cls_name, name, method, kwargs, key, chain, caller) -> result``.
+Forwarder = Callable[
+    [RemoteOwner, str, str, str, dict[str, Any], str | None, tuple[str, ...], Principal | None],
+    Any,
+]

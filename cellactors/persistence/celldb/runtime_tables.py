@@ -19,7 +19,9 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from cellactors.core import principal
 from cellactors.core.alarms import Pending, Wake, WakeState
+from cellactors.core.principal import Principal
 from cellactors.persistence.celldb import calls
 
 ALARM_TABLE = "_cellactors_alarm"
@@ -76,6 +78,22 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
     )
 
 
+def _encode_message(kwargs: dict[str, Any], caller: Principal | None) -> bytes:
+    """A message's stored arguments: the kwargs alone, or ``[kwargs, caller]`` when it was
+    sent on behalf of a caller (the column keeps its type; rows written before callers
+    existed still read back)."""
+    if caller is None:
+        return calls.encode(kwargs)
+    return calls.encode([kwargs, principal.encode(caller)])
+
+
+def _decode_message(blob: bytes) -> tuple[dict[str, Any], Principal | None]:
+    value = calls.decode(blob)
+    if isinstance(value, list) and len(value) == 2:
+        return value[0], principal.decode(value[1])
+    return value, None
+
+
 @dataclass(frozen=True)
 class AlarmRow:
     """The cell's alarm: due at ``at_ms``, ``failures`` failed runs in a row so far."""
@@ -99,6 +117,7 @@ class Message:
     target: str
     method: str
     kwargs: dict[str, Any]
+    caller: Principal | None = None
     at_ms: int = 0
 
     @property
@@ -206,17 +225,24 @@ class RuntimeTables:
     # --- outbox -------------------------------------------------------------------------
 
     def add_message(
-        self, txid: int, target: str, method: str, kwargs: dict[str, Any], now_ms: int
+        self,
+        txid: int,
+        target: str,
+        method: str,
+        kwargs: dict[str, Any],
+        now_ms: int,
+        caller: Principal | None = None,
     ) -> str:
         """Record one message in the current transaction (committed as ``txid``), sent at
-        ``now_ms`` (the runtime's clock); its id is the idempotency key of its delivery."""
+        ``now_ms`` (the runtime's clock), on behalf of ``caller``; its id is the idempotency
+        key of its delivery."""
         if not _exists(self.conn, OUTBOX_TABLE):
             self.conn.execute(OUTBOX_SQL)
         message_id = "outbox." + secrets.token_hex(16)
         self.conn.execute(
             f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (message_id, txid, target, method, calls.encode(kwargs), now_ms),
+            (message_id, txid, target, method, _encode_message(kwargs, caller), now_ms),
         )
         self.touched = True
         return message_id
@@ -230,7 +256,7 @@ class RuntimeTables:
             (limit,),
         ).fetchall()
         return [
-            Message(int(s), str(i), int(t), str(c), str(m), calls.decode(bytes(k)), int(a))
+            Message(int(s), str(i), int(t), str(c), str(m), *_decode_message(bytes(k)), int(a))
             for s, i, t, c, m, k, a in rows
         ]
 
@@ -288,7 +314,7 @@ class RuntimeTables:
                 txid=int(r[1]),
                 target=str(r[2]),
                 method=str(r[3]),
-                kwargs=calls.decode(bytes(r[4])),
+                kwargs=_decode_message(bytes(r[4]))[0],
                 sent_ms=int(r[5]),
                 attempts=int(r[6]),
                 first_failure_ms=int(r[7]),
