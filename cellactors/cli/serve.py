@@ -262,6 +262,61 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Largest accepted request body.",
 )
 @_option(
+    "--max-header-bytes",
+    default=32 << 10,
+    show_default=True,
+    type=click.IntRange(min=1024),
+    metavar="BYTES",
+    help="Largest request head (request line and headers), on both listeners: over it the "
+    "request is answered 431 and the connection closed.",
+)
+@_option(
+    "--max-headers",
+    "max_header_count",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=8),
+    metavar="N",
+    help="Most headers a request may have, on both listeners: over it 431 and closed.",
+)
+@_option(
+    "--header-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="A request head must arrive whole this long after its first byte: else 408 and "
+    "the connection is closed.",
+)
+@_option(
+    "--body-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="A request body must arrive whole this long after its head: else it is cut off "
+    "(408 if nothing was answered yet) and the connection closed.",
+)
+@_option(
+    "--keep-alive-timeout",
+    default=75.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="A connection idle this long (new, or between requests) is closed; keep it above "
+    "the idle timeout of a load balancer or proxy in front (60 s for most), so that it "
+    "closes first (rounded up to whole seconds between requests).",
+)
+@_option(
+    "--max-connections",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Open connections per listener; one more is answered 503 (node_unavailable, "
+    "retryable) and closed at once.",
+)
+@_option(
     "--log-level",
     default="info",
     show_default=True,
@@ -294,6 +349,12 @@ def serve(
     outbox_max_attempts: int,
     outbox_max_age: float,
     max_body_bytes: int,
+    max_header_bytes: int,
+    max_header_count: int,
+    header_timeout: float,
+    body_timeout: float,
+    keep_alive_timeout: float,
+    max_connections: int,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -330,7 +391,16 @@ def serve(
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
-    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, internal_hosts)
+    wire = {
+        "max_body_bytes": max_body_bytes,
+        "max_header_bytes": max_header_bytes,
+        "max_header_count": max_header_count,
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "keep_alive_timeout": keep_alive_timeout,
+        "max_connections": max_connections,
+    }
+    code = _run(store, node, classes, settings, listeners, wire, data_dir, internal_hosts)
     if code == EXIT_FENCED:
         _exit_now(code)
     sys.exit(code)
@@ -351,11 +421,12 @@ def _run(
     classes: list[Any],
     settings: Any,
     listeners: Listeners,
-    max_body_bytes: int,
+    wire: dict[str, Any],
     data_dir: Path,
     internal_hosts: tuple[str, ...] = (),
 ) -> int:
-    """Open the store, qualify it, take the lease and serve; the exit code."""
+    """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
+    the :class:`ServerSettings` of the limits on the wire (body size included)."""
     from cellactors.actors.node import Node
     from cellactors.persistence.control.peer_auth import ensure_peer_key
     from cellactors.persistence.store.embedded import SeaweedServer
@@ -387,7 +458,7 @@ def _run(
             )
             node.start()
         server_settings = ServerSettings(
-            max_body_bytes=max_body_bytes,
+            **wire,
             call_timeout=settings.call_timeout,
             internal_hosts=internal_hosts,
         )
