@@ -334,6 +334,26 @@ class PayloadTooLarge(BadRequest):
         self.drained = drained  # False: unread bytes remain, the connection must close
 
 
+class HeadersTooLarge(CallError):
+    """A request's head (request line and headers) was over the listener's size or header
+    count limit: refused before the head was read whole, so before anything ran. The
+    connection is closed."""
+
+    status = 431
+    code = "headers_too_large"
+    outcome = NOT_RUN
+
+
+class RequestTimeout(CallError):
+    """A request's head or body did not arrive whole within the listener's timeout: cut off
+    before the call was handed to the node (it runs only on a whole body), so it never ran.
+    The connection is closed."""
+
+    status = 408
+    code = "request_timeout"
+    outcome = NOT_RUN
+
+
 class UnsupportedMediaType(CallError):
     """A call whose body is not declared ``application/json`` or ``application/msgpack``:
     refused before anything is read, so that a page on another origin cannot make a
@@ -443,6 +463,8 @@ _BY_CODE: dict[str, type[CallError]] = {
         UnknownMethod,
         BadRequest,
         PayloadTooLarge,
+        HeadersTooLarge,
+        RequestTimeout,
         UnsupportedMediaType,
         UnknownHost,
         NotDurable,

@@ -30,6 +30,17 @@ UNSERVED = "_unserved_"
 STATUSES = ("starting", "serving", "draining", "fenced", "stopped")
 #: The exposition's content type (text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The ``listener`` and ``limit`` labels of ``cellactors_wire_refusals_total`` (the limits
+#: of cellactors.server.wire_limits), every pair exposed from the start, at 0.
+WIRE_LISTENERS = ("public", "internal")
+WIRE_LIMITS = (
+    "header_bytes",
+    "header_count",
+    "header_timeout",
+    "body_timeout",
+    "idle_timeout",
+    "connections",
+)
 
 
 @dataclass(frozen=True)
@@ -193,7 +204,30 @@ class NodeMetrics:
             "I/O error, read-only or unopenable file): each answered storage_unavailable.",
             registry=r,
         )
+        self.wire_refusals = Counter(
+            "cellactors_wire_refusals",
+            "Connections a listener cut off or refused at a limit on the wire, by listener "
+            "(public, internal) and limit (header_bytes, header_count: answered 431; "
+            "header_timeout, body_timeout: 408 or closed; idle_timeout: an idle connection "
+            "closed; connections: over the cap, answered 503).",
+            ["listener", "limit"],
+            registry=r,
+        )
+        self._wire_refusals = {
+            (listener, limit): self.wire_refusals.labels(listener, limit)
+            for listener in WIRE_LISTENERS
+            for limit in WIRE_LIMITS
+        }
         r.register(_NodeCollector(bucket, sample))
+
+    def wire_refused(self, listener: str, limit: str) -> None:
+        """Count one connection a listener cut off or refused at ``limit``."""
+        child = self._wire_refusals.get((listener, limit))
+        if child is None:
+            child = self._wire_refusals[(listener, limit)] = self.wire_refusals.labels(
+                listener, limit
+            )
+        child.inc()
 
     def call_done(self, cls_name: str, method: str, outcome: str) -> None:
         """Count one call by its outcome (``ok`` or an error's outcome class)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -51,6 +50,7 @@ from cellactors.cli.listeners import (
     reserve_listeners,
 )
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
+from cellactors.cli.serve_options import DURATION, env_option, wire_options
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.celldb.files import private_dir
@@ -62,7 +62,6 @@ log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_DATA_DIR = "./cellactors-data"
-ENV_PREFIX = "CELLACTORS_"
 
 
 class _Interrupted(Exception):
@@ -84,72 +83,41 @@ def _startup_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _envvar(name: str) -> str:
-    return ENV_PREFIX + name.upper().replace("-", "_")
-
-
-class Duration(click.ParamType):  # type: ignore[type-arg]
-    """A duration in seconds, written as a number with an optional unit: s, m, h or d."""
-
-    name = "duration"
-    _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", str(value))
-        if not m:
-            self.fail(f"{value!r} is not a duration (e.g. 7d, 12h, 30m, 90s, 0)", param, ctx)
-        return float(m.group(1)) * self._UNITS[m.group(2)]
-
-
-DURATION = Duration()
-
-
-def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
-    """A click option whose environment variable is ``CELLACTORS_<FLAG>``."""
-    kwargs.setdefault("envvar", _envvar(flag.lstrip("-")))
-    kwargs.setdefault("show_envvar", True)
-    return click.option(flag, *names, **kwargs)
-
-
 @click.command("serve")
-@_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
+@env_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
 @store_options(
     required=False,
     bucket_help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
     "single-machine store runs under --data-dir (not a fleet).",
 )
-@_option(
+@env_option(
     "--node",
     "node_id",
     default=None,
     metavar="ID",
     help="Node id, stable across restarts [host name].",
 )
-@_option(
+@env_option(
     "--listen",
     default=DEFAULT_LISTEN,
     show_default=True,
     metavar="HOST:PORT",
     help="Public listener (client calls).",
 )
-@_option(
+@env_option(
     "--internal-listen",
     default=None,
     metavar="HOST:PORT",
     help=f"Internal listener (peers, /state, /metrics) [{DEFAULT_INTERNAL}]; "
     "required when --listen is not loopback.",
 )
-@_option(
+@env_option(
     "--advertise",
     default=None,
     metavar="HOST:PORT",
     help="Internal address peers use to reach this node [the internal listen address].",
 )
-@_option(
+@env_option(
     "--internal-host",
     "internal_hosts",
     multiple=True,
@@ -159,7 +127,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "*.peers.ns.svc allowed): any other Host is refused, against DNS rebinding.",
 )
 @auth_options()
-@_option(
+@env_option(
     "--peer-key-file",
     default=None,
     type=click.Path(dir_okay=False, path_type=Path),
@@ -168,7 +136,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "signs, all are accepted; read again when it changes) instead of the fleet key in the "
     "bucket: rotation without downtime, and bucket readers cannot sign peer calls.",
 )
-@_option(
+@env_option(
     "--data-dir",
     default=DEFAULT_DATA_DIR,
     show_default=True,
@@ -176,7 +144,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     metavar="DIR",
     help="Local cell databases (and the embedded store).",
 )
-@_option(
+@env_option(
     "--lease-ttl",
     default=10.0,
     show_default=True,
@@ -184,7 +152,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     metavar="SECONDS",
     help="Node lease TTL in seconds; a dead node's cells move after this long.",
 )
-@_option(
+@env_option(
     "--max-clock-skew",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -193,7 +161,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "the Date of its answers): beyond it the node refuses to start, and warns once running; "
     "leases and alarms follow the store's clock either way [lease TTL / 4].",
 )
-@_option(
+@env_option(
     "--max-resident-cells",
     default=10_000,
     show_default=True,
@@ -201,7 +169,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     metavar="N",
     help="Active cells this node hosts before placing new ones on peers.",
 )
-@_option(
+@env_option(
     "--idle-timeout",
     default=300.0,
     show_default=True,
@@ -209,7 +177,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     metavar="SECONDS",
     help="Seconds without a call before a cell is released (passivated).",
 )
-@_option(
+@env_option(
     "--hibernate-after",
     default=30.0,
     show_default=True,
@@ -219,7 +187,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "but holds no thread or connection, and wakes with no bucket request (off when not "
     "below --idle-timeout).",
 )
-@_option(
+@env_option(
     "--alarm-scan-interval",
     default=30.0,
     show_default=True,
@@ -229,7 +197,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "LIST request each when nothing is due); alarms of cells this node released fire "
     "within a second regardless.",
 )
-@_option(
+@env_option(
     "--snapshot-every",
     default=1000,
     show_default=True,
@@ -238,7 +206,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Snapshot a cell when this many transactions were written since its last snapshot "
     "(counted across activations); a snapshot bounds the next restore.",
 )
-@_option(
+@env_option(
     "--retention",
     default="7d",
     show_default=True,
@@ -248,7 +216,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "feed and point-in-time restore reach back that far (e.g. 7d, 12h, 30m, 0 to collect at "
     "once).",
 )
-@_option(
+@env_option(
     "--outbox-max-attempts",
     default=10,
     show_default=True,
@@ -258,7 +226,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     "the target serves no such class or method (at once when refused for good, or when its "
     "method raised).",
 )
-@_option(
+@env_option(
     "--outbox-max-age",
     default="1h",
     show_default=True,
@@ -266,21 +234,14 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     metavar="DURATION",
     help="... or once it has been undelivered this long, for any reason (e.g. 1h, 30m).",
 )
-@_option(
-    "--max-body-bytes",
-    default=1 << 20,
-    show_default=True,
-    type=click.IntRange(min=1),
-    metavar="BYTES",
-    help="Largest accepted request body.",
-)
-@_option(
+@wire_options()
+@env_option(
     "--log-level",
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
-@_option(
+@env_option(
     "--log-format",
     default="text",
     show_default=True,
@@ -308,7 +269,7 @@ def serve(
     retention: float,
     outbox_max_attempts: int,
     outbox_max_age: float,
-    max_body_bytes: int,
+    wire: dict[str, Any],
     log_level: str,
     log_format: str,
 ) -> None:
@@ -353,7 +314,7 @@ def serve(
     access = Access(
         authentication, auth.allow_anonymous, auth.cors_origins, internal_hosts, peer_keys
     )
-    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, access)
+    code = _run(store, node, classes, settings, listeners, wire, data_dir, access)
     if code == EXIT_FENCED:
         _exit_now(code)
     sys.exit(code)
@@ -374,11 +335,12 @@ def _run(
     classes: list[Any],
     settings: Any,
     listeners: Listeners,
-    max_body_bytes: int,
+    wire: dict[str, Any],
     data_dir: Path,
     access: Access | None = None,
 ) -> int:
-    """Open the store, qualify it, take the lease and serve; the exit code."""
+    """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
+    the :class:`ServerSettings` of the limits on the wire (body size included)."""
     from cellactors.actors.node import Node
     from cellactors.persistence.control.peer_auth import ensure_peer_key
     from cellactors.persistence.store.embedded import SeaweedServer
@@ -412,7 +374,7 @@ def _run(
             )
             node.start()
         server_settings = ServerSettings(
-            max_body_bytes=max_body_bytes,
+            **wire,
             call_timeout=settings.call_timeout,
             internal_hosts=access.internal_hosts,
             authentication=access.authentication,

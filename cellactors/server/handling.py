@@ -157,7 +157,15 @@ class ServerSettings:
     signature_window: float = signing.DEFAULT_WINDOW
     nonce_cache_size: int = 100_000
     retry_after_seconds: int = 1
-    keep_alive_timeout: float = 75.0  # server side; longer than typical client pool expiry
+    #: Limits on the wire, per listener (cellactors.server.wire_limits, docs/http-api.md).
+    max_header_bytes: int = 32 << 10  # request line and headers; over it: 431
+    max_header_count: int = 100  # headers per request; over it: 431
+    header_timeout: float = 10.0  # a request head, from its first byte; then 408
+    body_timeout: float = 60.0  # a request body, from the end of its head; then 408
+    #: A connection idle (new, or between requests) this long is closed: above the 60 s
+    #: a load balancer or proxy keeps an idle upstream connection, so it closes first.
+    keep_alive_timeout: float = 75.0
+    max_connections: int = 1024  # open connections per listener; beyond: 503 and close
     graceful_timeout: float = 60.0  # after drain, how long in-flight requests may take
     fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -36,6 +37,7 @@ from cellactors.server.app import (
 from cellactors.server.auth.authentication import check_exposure
 from cellactors.server.peer_calls import PeerCaller
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.server.wire_limits import WireGuard, WireLimits
 
 log = logging.getLogger("cellactors.server")
 
@@ -149,6 +151,13 @@ class Runner:
             node, fleet_key, self.settings, internal[0], advertised
         )
         self._binds = {"public": public, "internal": internal}
+        # Each refusal at a limit on the wire is counted in the node's metrics, when it has.
+        on_refused = getattr(getattr(node, "metrics", None), "wire_refused", None)
+        limits = wire_limits(self.settings)
+        self._guards = {
+            which: WireGuard(which, limits, on_refused, self.settings.retry_after_seconds)
+            for which in self._binds
+        }
         #: Sockets bound already (``"public"``, ``"internal"``): served as they are, so the
         #: address checked free at start-up cannot be taken before the server listens.
         self._sockets = dict(sockets or {})
@@ -200,10 +209,11 @@ class Runner:
             app,
             host=host,
             port=port,
+            http=self._guards[which].protocol_class(),
             lifespan="on",
             log_config=None,
             access_log=self._access_log,
-            timeout_keep_alive=int(self.settings.keep_alive_timeout),
+            timeout_keep_alive=math.ceil(self.settings.keep_alive_timeout),
             timeout_graceful_shutdown=int(self.settings.graceful_timeout),
         )
 
@@ -237,6 +247,18 @@ class Runner:
             asyncio.create_task(_serve_one(server, self._sockets.get(which)))
             for which, server in zip(self._binds, self._servers, strict=True)
         ]
+        sweeps = [
+            asyncio.create_task(self._guards[which].sweep(server.server_state.connections))
+            for which, server in zip(self._binds, self._servers, strict=True)
+        ]
+        try:
+            return await self._serve_until_stopped(tasks)
+        finally:
+            for sweep in sweeps:
+                sweep.cancel()
+            await asyncio.gather(*sweeps, return_exceptions=True)
+
+    async def _serve_until_stopped(self, tasks: list[asyncio.Task[int]]) -> int:
         while not all(s.started for s in self._servers):
             if any(t.done() for t in tasks):
                 log.error("a listener failed to start")
@@ -306,6 +328,18 @@ class Runner:
         for server in self._servers:
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def wire_limits(settings: ServerSettings) -> WireLimits:
+    """The limits on the wire both listeners keep, from the settings."""
+    return WireLimits(
+        max_header_bytes=settings.max_header_bytes,
+        max_header_count=settings.max_header_count,
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        keep_alive_timeout=settings.keep_alive_timeout,
+        max_connections=settings.max_connections,
+    )
 
 
 def _bound_address(server: uvicorn.Server) -> tuple[str, int]:
