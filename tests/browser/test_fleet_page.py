@@ -7,17 +7,12 @@ Every wait is a WebDriverWait on what the page shows; nothing sleeps.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -27,44 +22,7 @@ from tests.helpers.served import ServedNode, served_node
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT = 30.0  # upper bound of every wait; the page refreshes every 1.5 s
-ARGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    """Headless chromium with a fresh profile; never downloads a browser or driver."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    if missing:
-        # tox -e browser installs them first (tests/browser/install-chromium.sh).
-        pytest.fail(f"{', '.join(missing)} missing: apt-get install chromium chromium-driver")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ARGS:
-        options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30) as client:
-        yield client
 
 
 def increment(http: httpx.Client, via: ServedNode, cell: str) -> None:

@@ -48,10 +48,12 @@ def served_node(
     settings: ServerSettings | None = None,
     classes: Sequence[type[CellActor]] = (Counter, Sandbox),
     keys: bytes | KeySource = KEY,
+    access_log: bool = False,
     **node_settings: Any,
 ) -> Iterator[ServedNode]:
     """Start ``node_id`` on ``bucket`` with both listeners on loopback until the block ends,
-    then drain it (as SIGTERM would) and stop it. ``node_settings`` are more
+    then drain it (as SIGTERM would) and stop it. With ``access_log`` uvicorn logs every
+    answer to the ``uvicorn.access`` logger. ``node_settings`` are more
     :class:`NodeSettings`."""
     # Bound here and held until the servers listen on them: a port merely "free a moment
     # ago" may be taken by another test worker before the runner binds it.
@@ -66,6 +68,7 @@ def served_node(
         internal=("127.0.0.1", internal_port),
         settings=settings,
         fence_stream=io.StringIO(),
+        access_log=access_log,
         sockets=held,
     )
     served = ServedNode(node, runner, public_port, internal_port)
