@@ -17,9 +17,11 @@ import pytest
 import cellactors
 from cellactors import CellActor, Principal
 from cellactors.core import keys
+from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.auth import ApiKeys, Authentication
+from tests.helpers.fleet import COUNTER_APP, NodeProc
 from tests.helpers.runtime import eventually
 from tests.helpers.served import ServedNode, served_node
 
@@ -249,3 +251,36 @@ def test_an_open_public_listener_beyond_loopback_is_refused_at_start(tmp_path: P
     assert refused.exit_code == 2, refused.output
     assert "--allow-anonymous" in refused.output
     assert not (tmp_path / "d").exists()  # refused before anything was started
+
+
+@pytest.mark.fleet
+def test_a_served_process_with_an_api_keys_file_admits_only_its_keys(
+    tmp_path: Path, sw_bucket: S3Bucket, seaweed: SeaweedServer
+) -> None:
+    """``cellactors serve --api-keys``: a real process refuses anonymous and unknown callers
+    (401, not_run), serves a key's holder, and takes a key added to the file without a
+    restart."""
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({ALICE: {"principal": "alice"}}))
+    proc = NodeProc("authn", COUNTER_APP, tmp_path, f"s3://{sw_bucket.bucket}", seaweed.endpoint)
+    proc.extra = ["--api-keys", str(keys_file)]
+    proc.start()
+    try:
+        proc.ready()
+        url = proc.public_url + "/cells/Counter/a/increment"
+
+        def increment(key: str | None) -> httpx.Response:
+            headers = {"content-type": "application/json"}
+            if key:
+                headers["authorization"] = f"Bearer {key}"
+            return httpx.post(url, json={"name": "n"}, headers=headers, timeout=30)
+
+        assert refusal(increment(None)) == (401, "unauthenticated", "not_run")
+        assert refusal(increment(BOB)) == (401, "unauthenticated", "not_run")
+        assert nothing_of(sw_bucket, "Counter:a")
+        assert increment(ALICE).json() == {"result": 1}
+        keys_file.write_text(json.dumps({ALICE: {"principal": "alice"}, BOB: {"principal": "b"}}))
+        assert eventually(lambda: increment(BOB).status_code == 200)
+        assert "ak_" not in proc.output()  # no key ever reaches the log
+    finally:
+        proc.kill()
