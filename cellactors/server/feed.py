@@ -1,5 +1,11 @@
 """``GET /cells/{cls}/{name}/changes?after=TXID&wait=SECONDS``: a cell's change feed, read
-from the bucket on any node (docs/feed.md, docs/http-api.md#change-feed)."""
+from the bucket on any node (docs/feed.md, docs/http-api.md#change-feed).
+
+Followers (``wait`` > 0) of one cell on this node share one poller: once caught up, they wait
+on the cell's :class:`~cellactors.core.feed_tail.FeedTail`, and the first of them to find a
+round due reads the bucket once for all; a follower behind what the tail keeps pages through
+history with reads of its own, then joins. Nothing polls a cell nobody follows.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from cellactors.core import keys
+from cellactors.core.feed_tail import FeedTail, Next
 from cellactors.errors import (
     BadRequest,
     BucketError,
@@ -35,13 +42,25 @@ from cellactors.server.handling import (
 from cellactors.wire import codec
 
 
+class _SharedTail:
+    """One cell's tail on this node, the reader its rounds use, and who follows it."""
+
+    def __init__(self, tail: FeedTail, reader: Any) -> None:
+        self.tail = tail
+        self.reader = reader
+        self.lock = anyio.Lock()  # held by the follower that performs the next round
+        self.followers = 0
+        self.error: CallError | None = None  # a failed round ends every follower
+
+
 class FeedRoute:
-    """The change feed of one node's public app: its readers and their worker threads."""
+    """The change feed of one node's public app: its readers, its shared tails, its cap."""
 
     def __init__(self, node: NodeLike, settings: ServerSettings) -> None:
         self.node = node
         self.settings = settings
         self.limiter = anyio.CapacityLimiter(settings.max_concurrent_feeds)
+        self.tails: dict[str, _SharedTail] = {}
 
     async def handle(self, request: Request) -> Response:
         """The feed after ``after``, streamed as NDJSON (or msgpack objects with ``Accept:
@@ -55,15 +74,32 @@ class FeedRoute:
             cell_id = keys.make_cell_id(cls_name, request.path_params["name"])
             after = _number(request, "after", int, 0, 0, 2**63 - 1)
             wait = _number(request, "wait", float, 0.0, 0.0, self.settings.feed_max_wait)
-            reader = self.node.feed_reader(cell_id)
-            page = await self._read(reader, after)
+            following = wait > 0
+            reader, page = None, None
+            if not (following and self._tail_covers(cell_id, after)):
+                reader = self.node.feed_reader(cell_id)
+                page = await self._read(reader, after)
         except (CallError, InvalidCellId) as e:
             return self._error(as_call_error(e), encoding)
         media = codec.CONTENT_TYPES[encoding] if encoding == "msgpack" else NDJSON_TYPE
-        return StreamingResponse(
-            self._stream(reader, page, wait, encoding),
-            media_type=media,
-            headers={NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"},
+        headers = {NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"}
+        if not following:
+            assert reader is not None and page is not None
+            body = self._pages(reader, page, encoding)
+            return StreamingResponse(body, media_type=media, headers=headers)
+        end = time.monotonic() + wait
+        body = self._follow(cell_id, after, reader, page, end, encoding)
+        return StreamingResponse(body, media_type=media, headers=headers)
+
+    def _tail_covers(self, cell_id: str, after: int) -> bool:
+        """The cell's shared tail proves the history after ``after`` readable and can serve
+        it: no read of the request's own is needed."""
+        shared = self.tails.get(cell_id)
+        return (
+            shared is not None
+            and shared.error is None
+            and after <= shared.tail.last
+            and shared.tail.next_for(after) is not Next.OWN
         )
 
     def _error(self, err: CallError, encoding: codec.Encoding) -> Response:
@@ -80,26 +116,143 @@ class FeedRoute:
         except BucketError as e:
             raise FeedUnavailable(f"could not read the bucket: {e}") from e
 
-    async def _stream(
-        self, reader: Any, page: Any, wait: float, encoding: codec.Encoding
+    def _full(self, page: Any) -> bool:
+        return len(page.changes) >= self.settings.feed_page
+
+    async def _pages(
+        self, reader: Any, page: Any, encoding: codec.Encoding
     ) -> AsyncIterator[bytes]:
-        """Every page until caught up, then new transactions until ``wait`` has passed or
-        the node stops serving; a failure ends the stream with one error record."""
-        end = time.monotonic() + wait
+        """Without ``wait``: every page until caught up; a failure ends the stream with one
+        error record."""
         while True:
             if page.changes:
-                yield b"".join(_record(c.to_wire(), encoding) for c in page.changes)
-            full = len(page.changes) >= self.settings.feed_page
-            if not full:
-                left = end - time.monotonic()
-                if left <= 0 or self.node.status != SERVING:
-                    return
-                await anyio.sleep(min(self.settings.feed_poll_interval, left))
+                yield _records(page.changes, encoding)
+            if not self._full(page):
+                return
             try:
                 page = await self._read(reader, page.last_txid)
             except CallError as e:
                 yield _record(e.to_dict(), encoding)
                 return
+
+    def _open(self, end: float) -> bool:
+        return time.monotonic() < end and self.node.status == SERVING
+
+    async def _follow(
+        self,
+        cell_id: str,
+        after: int,
+        reader: Any,
+        page: Any,
+        end: float,
+        encoding: codec.Encoding,
+    ) -> AsyncIterator[bytes]:
+        """With ``wait``: page on its own while behind, then follow the cell's shared tail
+        until ``end`` or the node stops serving; a failure ends the stream with one error
+        record."""
+        pos = after
+        try:
+            while page is not None:  # its own reads, while behind
+                if page.changes:
+                    yield _records(page.changes, encoding)
+                pos = page.last_txid
+                if not self._full(page):
+                    break
+                if not self._open(end):
+                    return
+                page = await self._read(reader, pos)
+        except CallError as e:
+            yield _record(e.to_dict(), encoding)
+            return
+        shared = self._join(cell_id, reader, page, pos)
+        try:
+            async for chunk in self._tail(shared, cell_id, pos, end, encoding):
+                yield chunk
+        finally:
+            self._leave(cell_id, shared)
+
+    def _join(self, cell_id: str, reader: Any, page: Any, pos: int) -> _SharedTail:
+        """Follow the cell's shared tail; the first follower starts it from its own last
+        page (and hands it its reader, which knows where the cell's history ends)."""
+        shared = self.tails.get(cell_id)
+        if shared is None or shared.error is not None:
+            interval = self.settings.feed_poll_interval
+            if page is not None:
+                tail = FeedTail.starting(
+                    page.after, page.changes, self.settings.feed_page, time.monotonic() + interval
+                )
+            else:
+                tail = FeedTail.starting(pos, [], self.settings.feed_page, time.monotonic())
+            shared = _SharedTail(tail, reader or self.node.feed_reader(cell_id))
+            self.tails[cell_id] = shared
+        shared.followers += 1
+        return shared
+
+    def _leave(self, cell_id: str, shared: _SharedTail) -> None:
+        """The last follower to leave stops the cell's poller (nothing reads for it)."""
+        shared.followers -= 1
+        if shared.followers == 0 and self.tails.get(cell_id) is shared:
+            del self.tails[cell_id]
+
+    async def _tail(
+        self, shared: _SharedTail, cell_id: str, pos: int, end: float, encoding: codec.Encoding
+    ) -> AsyncIterator[bytes]:
+        """New transactions from the shared tail, or from reads of its own while behind
+        what the tail keeps."""
+        own: Any = None
+        while True:
+            if shared.error is not None:
+                yield _record(shared.error.to_dict(), encoding)
+                return
+            step = shared.tail.next_for(pos)
+            if step is Next.TAKE:
+                changes = shared.tail.after(pos)
+                yield _records(changes, encoding)
+                pos = changes[-1].txid
+                continue
+            if step is Next.OWN:
+                own = own or self.node.feed_reader(cell_id)
+                try:
+                    page = await self._read(own, pos)
+                except CallError as e:
+                    yield _record(e.to_dict(), encoding)
+                    return
+                if page.changes:
+                    yield _records(page.changes, encoding)
+                    pos = page.last_txid
+                    continue
+            if not self._open(end):
+                return
+            await self._next_round(shared, end)
+
+    async def _next_round(self, shared: _SharedTail, end: float) -> None:
+        """Wait for the cell's next round, until ``end`` at most. The first follower to get
+        the lock performs it when due, once for all; one that leaves while waiting for it
+        hands the round over to the next."""
+        seen = shared.tail.rounds
+        with anyio.move_on_after(max(0.0, end - time.monotonic())):
+            async with shared.lock:
+                if shared.tail.rounds != seen or shared.error is not None:
+                    return  # another follower read it meanwhile
+                delay = shared.tail.due - time.monotonic()
+                if delay > 0:
+                    await anyio.sleep(delay)
+                with anyio.CancelScope(shield=True):  # a read once sent is never wasted
+                    try:
+                        page = await self._read(shared.reader, shared.tail.last)
+                    except CallError as e:
+                        shared.error = e
+                        return
+                    shared.tail.advanced(
+                        page.changes,
+                        self._full(page),
+                        time.monotonic(),
+                        self.settings.feed_poll_interval,
+                    )
+
+
+def _records(changes: list[Any], encoding: codec.Encoding) -> bytes:
+    return b"".join(_record(c.to_wire(), encoding) for c in changes)
 
 
 def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
