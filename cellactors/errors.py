@@ -394,8 +394,9 @@ class DeadLetterNotFound(CallError):
 
 
 class FeedUnavailable(CallError):
-    """The feed could not be read from the bucket now (a store failure); nothing changed, a
-    later request may succeed."""
+    """The feed could not be served now: a store failure, or the node already serves its
+    ``max_feed_streams`` follow streams. Nothing changed; a later request, or another node,
+    may succeed."""
 
     status = 503
     code = "feed_unavailable"

@@ -1,6 +1,6 @@
 """Followers of one cell on one node share one poller (one bucket round per poll interval,
-whatever their number), and each still gets every transaction once and in order
-(docs/feed.md: cost)."""
+whatever their number), each still gets every transaction once and in order, and a node
+caps its open follow streams (docs/feed.md: cost; docs/http-api.md#change-feed)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from tests.helpers.buckets import GatedLists, delta
 from tests.helpers.cells import Counter
+from tests.helpers.metrics import parse, value
 from tests.helpers.runtime import eventually, make_node
 from tests.helpers.served import served_node
 
@@ -119,6 +120,36 @@ def test_each_follower_gets_every_transaction_once_in_order(sw_bucket: S3Bucket)
         for f, after in zip(everyone, (0, 0, 5, 0), strict=True):
             f.join(10)
             assert f.txids == list(range(after + 1, end + 1)) and f.errors == []
+    finally:
+        writer.stop()
+
+
+def test_a_stream_over_the_cap_is_refused_and_the_others_go_on(sw_bucket: S3Bucket) -> None:
+    writer = make_node(sw_bucket, "wc")
+    try:
+        cell = writer.cell(Counter, "a")
+        cell.increment("x")
+        last = last_txid(writer)
+        settings = ServerSettings(feed_poll_interval=0.05, max_feed_streams=2)
+        with served_node(sw_bucket, "fd", settings) as served:
+            followers = [Follower(served.public) for _ in range(2)]
+            eventually(lambda: all(f.txids[-1:] == [last] for f in followers))
+            url = f"{served.public}/cells/Counter/a/changes"
+            refused = httpx.get(url, params={"wait": "5"}, timeout=10)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            body = refused.json()
+            assert body["error"] == "feed_unavailable"
+            assert body["outcome"] == "not_run" and body["retryable"] is True
+            assert "max_feed_streams" in body["message"]
+            samples = parse(served.node.metrics_text())
+            assert value(samples, "cellactors_feed_streams_refused_total") == 1
+            # A read without wait is no stream: still served.
+            assert httpx.get(url, timeout=10).status_code == 200
+            cell.increment("x")
+            eventually(lambda: all(f.txids[-1:] == [last + 1] for f in followers))
+        for f in followers:
+            f.join(10)
+            assert f.txids == list(range(1, last + 2)) and f.errors == []
     finally:
         writer.stop()
 

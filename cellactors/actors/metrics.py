@@ -193,6 +193,12 @@ class NodeMetrics:
             "I/O error, read-only or unopenable file): each answered storage_unavailable.",
             registry=r,
         )
+        self.feed_streams_refused = Counter(
+            "cellactors_feed_streams_refused",
+            "Change feed follow streams (wait > 0) this node refused with feed_unavailable "
+            "because it already served max_feed_streams of them.",
+            registry=r,
+        )
         r.register(_NodeCollector(bucket, sample))
 
     def call_done(self, cls_name: str, method: str, outcome: str) -> None:

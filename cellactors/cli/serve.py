@@ -262,6 +262,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Largest accepted request body.",
 )
 @_option(
+    "--max-feed-streams",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="STREAMS",
+    help="Most change feed follow streams (wait > 0) open at once on this node; one more "
+    "is answered 503 feed_unavailable (retryable: the client tries another node).",
+)
+@_option(
     "--log-level",
     default="info",
     show_default=True,
@@ -294,6 +303,7 @@ def serve(
     outbox_max_attempts: int,
     outbox_max_age: float,
     max_body_bytes: int,
+    max_feed_streams: int,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -330,7 +340,17 @@ def serve(
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
-    code = _run(store, node, classes, settings, listeners, max_body_bytes, data_dir, internal_hosts)
+    code = _run(
+        store,
+        node,
+        classes,
+        settings,
+        listeners,
+        max_body_bytes,
+        data_dir,
+        internal_hosts,
+        max_feed_streams=max_feed_streams,
+    )
     if code == EXIT_FENCED:
         _exit_now(code)
     sys.exit(code)
@@ -354,6 +374,8 @@ def _run(
     max_body_bytes: int,
     data_dir: Path,
     internal_hosts: tuple[str, ...] = (),
+    *,
+    max_feed_streams: int = 1000,
 ) -> int:
     """Open the store, qualify it, take the lease and serve; the exit code."""
     from cellactors.actors.node import Node
@@ -388,6 +410,7 @@ def _run(
             node.start()
         server_settings = ServerSettings(
             max_body_bytes=max_body_bytes,
+            max_feed_streams=max_feed_streams,
             call_timeout=settings.call_timeout,
             internal_hosts=internal_hosts,
         )

@@ -4,19 +4,22 @@ from the bucket on any node (docs/feed.md, docs/http-api.md#change-feed).
 Followers (``wait`` > 0) of one cell on this node share one poller: once caught up, they wait
 on the cell's :class:`~cellactors.core.feed_tail.FeedTail`, and the first of them to find a
 round due reads the bucket once for all; a follower behind what the tail keeps pages through
-history with reads of its own, then joins. Nothing polls a cell nobody follows.
+history with reads of its own, then joins. Nothing polls a cell nobody follows. At most
+``ServerSettings.max_feed_streams`` follow at once; one more is refused with
+``feed_unavailable`` (503, Retry-After), counted in ``cellactors_feed_streams_refused_total``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from cellactors.core import keys
 from cellactors.core.feed_tail import FeedTail, Next
@@ -53,6 +56,21 @@ class _SharedTail:
         self.error: CallError | None = None  # a failed round ends every follower
 
 
+class _FeedResponse(StreamingResponse):
+    """A feed stream that gives its slot back when it ends, however it ends (also when
+    the client left before the first byte, so the body never started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kw: Any):
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 class FeedRoute:
     """The change feed of one node's public app: its readers, its shared tails, its cap."""
 
@@ -61,12 +79,14 @@ class FeedRoute:
         self.settings = settings
         self.limiter = anyio.CapacityLimiter(settings.max_concurrent_feeds)
         self.tails: dict[str, _SharedTail] = {}
+        self.streams = 0  # open follow streams (``wait`` > 0)
 
     async def handle(self, request: Request) -> Response:
         """The feed after ``after``, streamed as NDJSON (or msgpack objects with ``Accept:
         application/msgpack``); with ``wait``, the stream stays open that long and carries
         new transactions as they are acknowledged."""
         encoding = codec.encoding_for(request.headers.get("accept"))
+        following = False
         try:
             cls_name = request.path_params["cls_name"]
             if cls_name not in self.node.classes:
@@ -74,13 +94,21 @@ class FeedRoute:
             cell_id = keys.make_cell_id(cls_name, request.path_params["name"])
             after = _number(request, "after", int, 0, 0, 2**63 - 1)
             wait = _number(request, "wait", float, 0.0, 0.0, self.settings.feed_max_wait)
-            following = wait > 0
+            if wait > 0:
+                self._reserve()
+                following = True
             reader, page = None, None
             if not (following and self._tail_covers(cell_id, after)):
                 reader = self.node.feed_reader(cell_id)
                 page = await self._read(reader, after)
         except (CallError, InvalidCellId) as e:
+            if following:
+                self._release()
             return self._error(as_call_error(e), encoding)
+        except BaseException:
+            if following:  # an unexpected failure (answered 500 by the guard) holds no slot
+                self._release()
+            raise
         media = codec.CONTENT_TYPES[encoding] if encoding == "msgpack" else NDJSON_TYPE
         headers = {NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"}
         if not following:
@@ -89,7 +117,21 @@ class FeedRoute:
             return StreamingResponse(body, media_type=media, headers=headers)
         end = time.monotonic() + wait
         body = self._follow(cell_id, after, reader, page, end, encoding)
-        return StreamingResponse(body, media_type=media, headers=headers)
+        return _FeedResponse(body, self._release, media_type=media, headers=headers)
+
+    def _reserve(self) -> None:
+        """Take a follow slot, or refuse: the node follows as many streams as it may."""
+        limit = self.settings.max_feed_streams
+        if self.streams >= limit:
+            self.node.feed_stream_refused()
+            raise FeedUnavailable(
+                f"this node already serves {limit} change feed streams (max_feed_streams); "
+                "ask another node, or again later"
+            )
+        self.streams += 1
+
+    def _release(self) -> None:
+        self.streams -= 1
 
     def _tail_covers(self, cell_id: str, after: int) -> bool:
         """The cell's shared tail proves the history after ``after`` readable and can serve
