@@ -117,13 +117,9 @@ class MethodFailed(CallError):
 
 
 class NotDurable(CallError):
-    """The call may have been applied, but that could not be proven: the write was not
-    proven durable (ownership lost, upload failed in time, node fenced or reset while the
-    answer was held), or the answer was lost after the call was handed over.
-
-    The caller must assume the call may or may not have taken effect; retry it only with
-    the same idempotency key.
-    """
+    """The call may have been applied, but that could not be proven (ownership lost, upload
+    failed in time, node fenced or reset while the answer was held, the answer lost after
+    the call was handed over): retry it only with the same idempotency key."""
 
     status = 503
     code = "not_durable"
@@ -432,8 +428,9 @@ class DeadLetterNotFound(CallError):
 
 
 class FeedUnavailable(CallError):
-    """The feed could not be read from the bucket now (a store failure); nothing changed, a
-    later request may succeed."""
+    """The feed could not be served now: a store failure, or the node already serves its
+    ``max_feed_streams`` follow streams. Nothing changed; a later request, or another node,
+    may succeed."""
 
     status = 503
     code = "feed_unavailable"
@@ -455,35 +452,16 @@ class FeedHistoryMissing(CallError):
 # --- errors from their wire form ------------------------------------------------------
 
 
-#: Every call error a node answers with whose constructor takes just the message.
+def _subclasses(cls: type[CallError]) -> list[type[CallError]]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+#: Every call error of this module a node answers with whose constructor takes just the
+#: message (the others are rebuilt by hand below, or never leave a node).
 _BY_CODE: dict[str, type[CallError]] = {
     cls.code: cls
-    for cls in (
-        UnknownCell,
-        UnknownMethod,
-        BadRequest,
-        PayloadTooLarge,
-        HeadersTooLarge,
-        RequestTimeout,
-        UnsupportedMediaType,
-        UnknownHost,
-        NotDurable,
-        NodeUnavailable,
-        NodeStorageFault,
-        StaleRoute,
-        ActivationFailed,
-        BadResult,
-        KeyConflict,
-        CallCycle,
-        Unauthorized,
-        StaleTarget,
-        Unauthenticated,
-        Forbidden,
-        PeerRefused,
-        DeadLetterNotFound,
-        FeedUnavailable,
-        FeedHistoryMissing,
-    )
+    for cls in _subclasses(CallError)
+    if cls not in (MethodFailed, ActivationRaised, HistoryCollected, RemoteOwner, InternalError)
 }
 
 

@@ -218,6 +218,12 @@ class NodeMetrics:
             for listener in WIRE_LISTENERS
             for limit in WIRE_LIMITS
         }
+        self.feed_streams_refused = Counter(
+            "cellactors_feed_streams_refused",
+            "Change feed follow streams (wait > 0) this node refused with feed_unavailable "
+            "because it already served max_feed_streams of them.",
+            registry=r,
+        )
         r.register(_NodeCollector(bucket, sample))
 
     def wire_refused(self, listener: str, limit: str) -> None:

@@ -23,6 +23,7 @@ WIRE_FIELDS = (
     "body_timeout",
     "keep_alive_timeout",
     "max_connections",
+    "max_feed_streams",
 )
 
 
@@ -82,8 +83,8 @@ def wire_options() -> Callable[[F], F]:
                 show_default=True,
                 type=click.IntRange(min=1024),
                 metavar="BYTES",
-                help="Largest request head (request line and headers), on both listeners: over it the "
-                "request is answered 431 and the connection closed.",
+                help="Largest request head (request line and headers), on both listeners: "
+                "over it the request is answered 431 and the connection closed.",
             ),
             env_option(
                 "--max-headers",
@@ -100,8 +101,8 @@ def wire_options() -> Callable[[F], F]:
                 show_default=True,
                 type=click.FloatRange(min=0.1),
                 metavar="SECONDS",
-                help="A request head must arrive whole this long after its first byte: else 408 and "
-                "the connection is closed.",
+                help="A request head must arrive whole this long after its first byte: else "
+                "408 and the connection is closed.",
             ),
             env_option(
                 "--body-timeout",
@@ -109,8 +110,8 @@ def wire_options() -> Callable[[F], F]:
                 show_default=True,
                 type=click.FloatRange(min=0.1),
                 metavar="SECONDS",
-                help="A request body must arrive whole this long after its head: else it is cut off "
-                "(408 if nothing was answered yet) and the connection closed.",
+                help="A request body must arrive whole this long after its head: else it is "
+                "cut off (408 if nothing was answered yet) and the connection closed.",
             ),
             env_option(
                 "--keep-alive-timeout",
@@ -118,9 +119,10 @@ def wire_options() -> Callable[[F], F]:
                 show_default=True,
                 type=click.FloatRange(min=0.1),
                 metavar="SECONDS",
-                help="A connection idle this long (new, or between requests) is closed; keep it above "
-                "the idle timeout of a load balancer or proxy in front (60 s for most), so that it "
-                "closes first (rounded up to whole seconds between requests).",
+                help="A connection idle this long (new, or between requests) is closed; keep "
+                "it above the idle timeout of a load balancer or proxy in front (60 s for "
+                "most), so that it closes first (rounded up to whole seconds between "
+                "requests).",
             ),
             env_option(
                 "--max-connections",
@@ -130,6 +132,16 @@ def wire_options() -> Callable[[F], F]:
                 metavar="N",
                 help="Open connections per listener; one more is answered 503 (node_unavailable, "
                 "retryable) and closed at once.",
+            ),
+            env_option(
+                "--max-feed-streams",
+                default=1000,
+                show_default=True,
+                type=click.IntRange(min=1),
+                metavar="STREAMS",
+                help="Most change feed follow streams (wait > 0) open at once on this node; "
+                "one more is answered 503 feed_unavailable (retryable: the client tries "
+                "another node).",
             ),
         ]
         for option in reversed(options):

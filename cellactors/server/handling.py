@@ -133,6 +133,10 @@ class NodeLike(Protocol):
 
     def feed_reader(self, cell_id: str) -> Any: ...
 
+    def feed_stream_refused(self) -> None:
+        """Count a follow stream refused at ``max_feed_streams`` (a metric)."""
+        ...
+
     def dead_letters(self, cls: str, name: str) -> list[Any]: ...
 
     def retry_dead_letters(
@@ -174,6 +178,7 @@ class ServerSettings:
     feed_poll_interval: float = 0.25  # bucket reads while following (docs/feed.md: cost)
     feed_page: int = 500  # transactions read per bucket round
     max_concurrent_feeds: int = 64  # worker threads reading feeds at once, per app
+    max_feed_streams: int = 1000  # open follow streams (``wait`` > 0) at once, per node
     #: Names (or ``fnmatch`` patterns, e.g. ``*.peers.ns.svc``) the internal listener answers
     #: to in ``Host``, besides loopback names and the address it listens on.
     internal_hosts: tuple[str, ...] = ()

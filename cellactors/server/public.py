@@ -1,53 +1,44 @@
 """The node's public app: ``POST /cells/{cls}/{name}/{method}`` takes calls from clients
 (run here, or forwarded, signed, to the node that owns the cell: :mod:`.forward`),
-``GET /cells/{cls}/{name}/changes`` serves a cell's change feed from the bucket on any
-node, and ``GET /healthz`` answers health checks. It has no internal route at all."""
+``GET /cells/{cls}/{name}/changes`` is routed to the change feed (:mod:`.feed`), and
+``GET /healthz`` answers health checks. It has no internal route at all."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
-import anyio.to_thread
 import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
-from cellactors.core import keys
-from cellactors.core.access import FEED_ROLE
+from cellactors.core.access import ADMIN_ROLE, FEED_ROLE
 from cellactors.core.principal import Principal
 from cellactors.core.routing import reroutable, reroutable_error
 from cellactors.errors import (
-    BadRequest,
-    BucketError,
     CallError,
-    FeedHistoryMissing,
-    FeedUnavailable,
     InvalidCellId,
     NotDurable,
     RemoteOwner,
     StaleRoute,
-    UnknownCell,
     UnsupportedMediaType,
 )
+from cellactors.persistence.celldb.calls import CALLS_TABLE
 from cellactors.server import cors, forward
 from cellactors.server.auth.admission import admit_call, admit_role
+from cellactors.server.feed import FeedRoute
 from cellactors.server.handling import (
     CELL_ROUTE,
     CHANGES_ROUTE,
     EXCEPTION_HANDLERS,
-    NDJSON_TYPE,
     NODE_HEADER,
-    SERVING,
     AnswerGuard,
     Core,
     NodeLike,
@@ -60,6 +51,9 @@ from cellactors.wire import codec
 from cellactors.wire.unsent import NOT_SENT
 
 log = logging.getLogger("cellactors.server")
+
+#: Tables of a cell's feed only an ``admin`` reads: the call log of idempotency keys.
+HIDDEN_TABLES = frozenset({CALLS_TABLE})
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,7 @@ class _PublicCore(Core):
     ) -> None:
         super().__init__(node, fleet_key, settings)
         self._client: httpx.AsyncClient | None = None
-        self.feed_limiter = anyio.CapacityLimiter(settings.max_concurrent_feeds)
+        self.feed = FeedRoute(node, settings)
 
     def client(self) -> httpx.AsyncClient:
         """The shared keep-alive client for forwards, created in the serving loop."""
@@ -101,73 +95,17 @@ class _PublicCore(Core):
         return self._client
 
     async def admitted_changes(self, request: Request) -> Response:
-        """The change feed, for callers holding the ``feed`` role (or ``admin``) only: it
-        shows every row a cell writes, not what its methods choose to answer."""
+        """The change feed (:mod:`.feed`), for callers holding the ``feed`` role (or
+        ``admin``) only: it shows every row a cell writes, not what its methods choose to
+        answer."""
+        auth = self.settings.authentication
         try:
-            admit_role(
-                self.settings.authentication, FEED_ROLE, request.headers, "read the change feed"
-            )
+            caller = admit_role(auth, FEED_ROLE, request.headers, "read the change feed")
         except CallError as e:
             return self.error(e, codec.encoding_for(request.headers.get("accept")))
-        return await self.handle_changes(request)
-
-    async def handle_changes(self, request: Request) -> Response:
-        """``GET /cells/{cls}/{name}/changes?after=TXID&wait=SECONDS``: the cell's
-        acknowledged transactions after ``after`` from the bucket, streamed as NDJSON (or
-        msgpack objects with ``Accept: application/msgpack``); with ``wait``, the stream
-        stays open that long and carries new transactions as they are acknowledged."""
-        encoding = codec.encoding_for(request.headers.get("accept"))
-        try:
-            cls_name = request.path_params["cls_name"]
-            if cls_name not in self.node.classes:
-                raise UnknownCell(f"no served cell class {cls_name!r}")
-            cell_id = keys.make_cell_id(cls_name, request.path_params["name"])
-            after = _number(request, "after", int, 0, 0, 2**63 - 1)
-            wait = _number(request, "wait", float, 0.0, 0.0, self.settings.feed_max_wait)
-            reader = self.node.feed_reader(cell_id)
-            page = await self._read_feed(reader, after)
-        except (CallError, InvalidCellId) as e:
-            return self.error(as_call_error(e), encoding)
-        media = codec.CONTENT_TYPES[encoding] if encoding == "msgpack" else NDJSON_TYPE
-        return StreamingResponse(
-            self._stream(reader, page, wait, encoding),
-            media_type=media,
-            headers={NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"},
-        )
-
-    async def _read_feed(self, reader: Any, after: int) -> Any:
-        """One bucket round of the feed in a worker thread; store failures as wire errors."""
-        from cellactors.errors import FeedHole
-
-        try:
-            return await anyio.to_thread.run_sync(
-                reader.read, after, self.settings.feed_page, limiter=self.feed_limiter
-            )
-        except FeedHole as e:
-            raise FeedHistoryMissing(str(e)) from e
-        except BucketError as e:
-            raise FeedUnavailable(f"could not read the bucket: {e}") from e
-
-    async def _stream(
-        self, reader: Any, page: Any, wait: float, encoding: codec.Encoding
-    ) -> AsyncIterator[bytes]:
-        """Every page until caught up, then new transactions until ``wait`` has passed or
-        the node stops serving; a failure ends the stream with one error record."""
-        end = time.monotonic() + wait
-        while True:
-            if page.changes:
-                yield b"".join(_record(c.to_wire(), encoding) for c in page.changes)
-            full = len(page.changes) >= self.settings.feed_page
-            if not full:
-                left = end - time.monotonic()
-                if left <= 0 or self.node.status != SERVING:
-                    return
-                await anyio.sleep(min(self.settings.feed_poll_interval, left))
-            try:
-                page = await self._read_feed(reader, page.last_txid)
-            except CallError as e:
-                yield _record(e.to_dict(), encoding)
-                return
+        # The call log holds every caller's idempotency keys: for operators only.
+        sees_keys = auth.open or (caller is not None and ADMIN_ROLE in caller.roles)
+        return await self.feed.handle(request, frozenset() if sees_keys else HIDDEN_TABLES)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -298,29 +236,6 @@ class _PublicCore(Core):
         return _pass_through(peer, encoding), reroutable(
             payload.get("error"), payload.get("outcome")
         )
-
-
-def _record(value: dict[str, Any], encoding: codec.Encoding) -> bytes:
-    """One feed record: a JSON line, or one msgpack object."""
-    body = codec.encode(value, encoding)
-    return body if encoding == "msgpack" else body + b"\n"
-
-
-N = TypeVar("N", int, float)
-
-
-def _number(request: Request, name: str, kind: type[N], default: N, low: N, high: N) -> N:
-    """A numeric query parameter within [low, high], or :class:`BadRequest`."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {name}={raw!r} is not a number") from None
-    if not low <= value <= high:
-        raise BadRequest(f"query parameter {name}={raw} is outside [{low}, {high}]")
-    return value
 
 
 def _pass_through(peer: httpx.Response, encoding: codec.Encoding) -> Response:

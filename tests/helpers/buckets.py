@@ -66,3 +66,45 @@ class HangingBucket(CuttableBucket):
         if self.hang and key.endswith(".batch"):
             self.release.wait(30)
         return self.inner.put(key, body)
+
+
+class GatedLists(CuttableBucket):
+    """While ``closed``, a LIST under ``prefix`` waits for a pass the test gives
+    (:meth:`allow`), so the test decides when each polling round goes on; ``waiting`` and
+    ``passed`` say how many LISTs wait now and went through the closed gate."""
+
+    def __init__(self, inner: Bucket, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
+        self.closed = False
+        self.waiting = 0
+        self.passed = 0
+        self._passes = 0
+        self._cond = threading.Condition()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+
+    def open(self) -> None:
+        with self._cond:
+            self.closed = False
+            self._cond.notify_all()
+
+    def allow(self, n: int = 1) -> None:
+        """Let ``n`` more waiting (or future) LISTs through."""
+        with self._cond:
+            self._passes += n
+            self._cond.notify_all()
+
+    def list(self, prefix):  # type: ignore[no-untyped-def]
+        if prefix.startswith(self.prefix):
+            with self._cond:
+                if self.closed:
+                    self.waiting += 1
+                    self._cond.wait_for(lambda: self._passes > 0 or not self.closed, timeout=60)
+                    self.waiting -= 1
+                    if self._passes > 0:
+                        self._passes -= 1
+                        self.passed += 1
+        return self.inner.list(prefix)

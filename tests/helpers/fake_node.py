@@ -249,6 +249,9 @@ class FakeNode:
     def feed_reader(self, cell_id: str) -> Any:
         raise NotImplementedError("the fake node has no change feed (tests/test_feed.py)")
 
+    def feed_stream_refused(self) -> None:
+        raise NotImplementedError("the fake node has no change feed (tests/test_feed.py)")
+
     def dead_letters(self, cls: str, name: str) -> list[Any]:
         raise NotImplementedError("the fake node has no outbox (tests/test_dead_letters_http.py)")
 

@@ -190,7 +190,8 @@ def test_idempotency_keys_are_the_callers_own(pair: Pair) -> None:
 
 
 def test_the_change_feed_needs_the_feed_role(pair: Pair) -> None:
-    assert pair.post(pair.a, "Ledger/fed/increment", key=ALICE).status_code == 200
+    for idem in ("k-1", "k-2"):  # the first creates the call log: a schema change, no rows
+        assert pair.post(pair.a, "Ledger/fed/increment", key=ALICE, idem=idem).status_code == 200
     url = pair.a.public + "/cells/Ledger/fed/changes?after=0"
 
     def get(key: str | None) -> httpx.Response:
@@ -199,9 +200,16 @@ def test_the_change_feed_needs_the_feed_role(pair: Pair) -> None:
 
     assert refusal(get(None)) == (401, "unauthenticated", "not_run")
     assert refusal(get(ALICE)) == (403, "forbidden", "not_run")
-    for key in (FEED, ROOT):
+
+    def tables(key: str) -> set[str]:
         r = get(key)
-        assert r.status_code == 200 and len(r.text.splitlines()) >= 1
+        assert r.status_code == 200
+        records = [json.loads(line) for line in r.text.splitlines()]
+        return {c["table"] for rec in records for c in rec["changes"]}
+
+    # The call log (every caller's idempotency keys) is for admins only.
+    assert "n" in tables(FEED) and "_cellactors_calls" not in tables(FEED)
+    assert {"n", "_cellactors_calls"} <= tables(ROOT)
 
 
 def test_browsers_of_allowed_origins_only_get_a_preflight(sw_bucket: S3Bucket) -> None:

@@ -476,6 +476,10 @@ class Node:
         """A reader of ``cell_id``'s change feed through this node's gated bucket."""
         return FeedReader(self.gate, cell_id, self.pools.feed)
 
+    def feed_stream_refused(self) -> None:
+        """Count a follow stream the public listener refused at its cap."""
+        self.metrics.feed_streams_refused.inc()
+
     def changes(self, cls_name: str, name: str, after: int = 0, **kw: Any) -> Iterator[Change]:
         """The cell's acknowledged transactions after ``after`` from the bucket
         (:func:`cellactors.persistence.history.feed.changes`: ``follow``, ``wait``, ...)."""

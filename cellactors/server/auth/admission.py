@@ -34,7 +34,10 @@ def admit_call(
     return caller
 
 
-def admit_role(auth: Authentication, role: str, headers: Mapping[str, str], what: str) -> None:
-    """Admit a caller holding ``role`` (or ``admin``); else the refusal."""
+def admit_role(
+    auth: Authentication, role: str, headers: Mapping[str, str], what: str
+) -> Principal | None:
+    """The caller, if it holds ``role`` (or ``admin``); else the refusal."""
     caller = auth.authenticate(headers)
     _refuse(access.decide_role(role, caller, open_node=auth.open), what)
+    return caller
