@@ -19,6 +19,7 @@ import botocore.config
 from cellactors import Node, NodeSettings
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.embedded_keys import S3Credentials
 from cellactors.persistence.store.s3 import S3Bucket
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,8 +243,11 @@ class Env:
         return Node(self.bucket(prefix), node_id, [Counter], node_settings).start()
 
 
+BENCH_KEYS = S3Credentials(ACCESS_KEY, SECRET_KEY)  # the one identity the store accepts
+
+
 def store_environment() -> None:
-    """The S3 identity ``weed mini`` takes from its environment, and that boto3 signs with
+    """The S3 identity the store is given (``BENCH_KEYS``), which boto3 signs with
     (subprocesses inherit it)."""
     os.environ["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
     os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY

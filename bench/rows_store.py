@@ -13,7 +13,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from bench.common import BUCKET, BareS3, Env, Goal, Row, make_row, ms, object_sizes, percentile
+from bench.common import (
+    BENCH_KEYS,
+    BUCKET,
+    BareS3,
+    Env,
+    Goal,
+    Row,
+    make_row,
+    ms,
+    object_sizes,
+    percentile,
+)
 from cellactors.persistence.store.embedded import SeaweedServer
 from examples.counter import Counter
 
@@ -36,7 +47,7 @@ class _Side:
 @contextlib.contextmanager
 def _side(env: Env, folder: str, sync: bool) -> Iterator[_Side]:
     """A store started ``sync`` or not, a node with a warm cell on it, a bare client."""
-    with SeaweedServer(env.workdir / folder, sync=sync) as store:
+    with SeaweedServer(env.workdir / folder, sync=sync, credentials=BENCH_KEYS) as store:
         on_store = dataclasses.replace(env, store=store, workdir=env.workdir / f"{folder}-nodes")
         on_store.bucket("").ensure_exists()
         node = on_store.node(PREFIX, "sync")

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Env, Row, Sizes, store_environment
+from bench.common import BENCH_KEYS, REPO, Env, Row, Sizes, store_environment
 
 GROUPS = tuple(range(1, 14))
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="cellactors-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        with SeaweedServer(workdir / "store") as store:
+        with SeaweedServer(workdir / "store", credentials=BENCH_KEYS) as store:
             env = Env(store, workdir, sizes, log=log)
             env.bucket("").ensure_exists()
             rows, errors = run_suite(env, groups)

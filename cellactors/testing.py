@@ -107,14 +107,22 @@ class Fleet:
             from cellactors.persistence.store.s3 import S3Bucket
 
             self._server = SeaweedServer(self.data_dir / "seaweedfs").start()
+            keys = self._server.credentials  # made by the store; its S3 accepts no other
             boto3.client(
                 "s3",
                 endpoint_url=self._server.endpoint,
                 region_name="us-east-1",
-                aws_access_key_id="any",
-                aws_secret_access_key="any",
+                aws_access_key_id=keys.access_key_id,
+                aws_secret_access_key=keys.secret_access_key,
             ).create_bucket(Bucket="fleet")
-            return S3Bucket("fleet", "", endpoint=self._server.endpoint)
+            return S3Bucket(
+                "fleet",
+                "",
+                endpoint=self._server.endpoint,
+                region="us-east-1",
+                access_key=keys.access_key_id,
+                secret_key=keys.secret_access_key,
+            )
         raise ValueError(f"store must be 'memory' or 'seaweedfs', not {store!r}")
 
     def _start(self, node_id: str, index: int) -> Node:

@@ -10,7 +10,7 @@ import pytest
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.faults.proxy import FaultProxy
-from tests.helpers.stores import make_s3_bucket
+from tests.helpers.stores import env_keys, make_s3_bucket
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -19,8 +19,9 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """One SeaweedFS for the whole session (data in a temp dir)."""
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    """One SeaweedFS for the whole session (data in a temp dir), closed as ``serve``'s is;
+    its S3 accepts the keys of this environment, which the tests' clients sign with."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"), credentials=env_keys())
     server.start()
     yield server
     server.stop(grace=0)  # throwaway data: no need to wait for a clean shutdown

@@ -22,6 +22,7 @@ from cellactors.persistence.store.embedded import (
     indexes_need_rebuild,
 )
 from tests.helpers.runtime import eventually
+from tests.helpers.stores import env_keys
 
 
 def _hold(port: int) -> socket.socket:
@@ -110,7 +111,7 @@ def test_after_the_machine_restarted_the_volume_indexes_are_rebuilt_from_the_dat
     # SeaweedFS syncs a volume's data file before it answers a PUT, never its index: a power
     # cut may leave the index without the newest needles (here: empty) although the data
     # file holds them. A start on a new boot rebuilds the indexes before weed opens them.
-    server = SeaweedServer(tmp_path / "store").start()
+    server = SeaweedServer(tmp_path / "store", credentials=env_keys()).start()
     s3 = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
     s3.create_bucket(Bucket="kept")
     written = {f"k{i}": f"value {i}".encode() * 20 for i in range(5)}
@@ -152,7 +153,7 @@ def test_a_store_started_again_gets_a_fresh_master_and_takes_writes_at_once(
 ) -> None:
     # A master restarted on its own state (its folder is named after its port) may elect
     # itself only seconds later; PUTs wait for it meanwhile (4.6 s in some starts here).
-    server = SeaweedServer(tmp_path / "store").start()
+    server = SeaweedServer(tmp_path / "store", credentials=env_keys()).start()
     first = server.ports["master.port"]
     server.stop(grace=0)
     server.start()

@@ -24,6 +24,7 @@ from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.helpers.cells import Counter
 from tests.helpers.runtime import make_node
+from tests.helpers.stores import env_keys
 
 STRACE = shutil.which("strace")
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,msync,syncfs"
@@ -141,7 +142,7 @@ def traced_store(tmp_path: Path) -> Iterator[tuple[SeaweedServer, Path]]:
     reason = _untraceable(tmp_path)
     if reason:
         pytest.skip(reason)
-    server = SeaweedServer(tmp_path / "store").start()
+    server = SeaweedServer(tmp_path / "store", credentials=env_keys()).start()
     try:
         yield server, tmp_path / "strace.txt"
     finally:

@@ -236,7 +236,8 @@ def dev(
             raise store_failure(err, None) from err
         assert server.proc is not None
         click.echo(f"store: s3://cellactors at {server.endpoint} (pid {server.proc.pid})")
-        env = _child_env(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+        keys = server.credentials  # the store's own pair, kept under its keys/
+        env = _child_env(keys.access_key_id, keys.secret_access_key)
         options = ["--lease-ttl", str(lease_ttl), "--log-level", log_level]
         options += ["--log-format", log_format]
         cwd = Path.cwd()

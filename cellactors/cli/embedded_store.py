@@ -4,46 +4,58 @@ SeaweedFS under the data directory, with a ``cellactors`` bucket in it."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cellactors.cli.store_options import StoreArgs
 from cellactors.persistence.store.bucket import Bucket
 
+if TYPE_CHECKING:
+    from cellactors.persistence.store.embedded import SeaweedServer
+
 log = logging.getLogger("cellactors.serve")
 
 EMBEDDED_BUCKET = "cellactors"
-EMBEDDED_ACCESS_KEY = "cellactors"
-EMBEDDED_SECRET_KEY = "cellactors-embedded-store"
 
 
-def start_embedded_store(folder: Path, store: StoreArgs) -> tuple[Any, Bucket]:
+def start_embedded_store(folder: Path, store: StoreArgs) -> tuple[SeaweedServer, Bucket]:
     """Start SeaweedFS under ``folder`` and create the ``cellactors`` bucket in it; the
-    server and the bucket. ``cellactors dev`` shares one such store between its nodes."""
+    server and the bucket. ``cellactors dev`` shares one such store between its nodes.
+
+    The store's S3 key pair is the one given with ``--access-key-id``/``--secret-access-key``
+    (both, or neither), else the one it keeps under ``folder/keys``, else a new one made and
+    kept there; the node signs with it. ``AWS_*`` in the environment is not used."""
+    from cellactors.errors import ConfigError
     from cellactors.persistence.store.embedded import SeaweedServer
+    from cellactors.persistence.store.embedded_keys import S3Credentials
     from cellactors.persistence.store.s3 import S3Bucket
 
-    # `weed mini` takes its S3 identity from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its
-    # environment: make them, and the keys this process signs with, the same pair.
-    access = store.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID") or EMBEDDED_ACCESS_KEY
-    secret = (
-        store.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or EMBEDDED_SECRET_KEY
-    )
-    os.environ["AWS_ACCESS_KEY_ID"] = access
-    os.environ["AWS_SECRET_ACCESS_KEY"] = secret
-    server = SeaweedServer(folder).start()
+    given = None
+    if store.access_key_id or store.secret_access_key:
+        if not (store.access_key_id and store.secret_access_key):
+            raise ConfigError(
+                "the embedded store takes both --access-key-id and --secret-access-key, "
+                "or neither (it then makes its own pair and keeps it)"
+            )
+        given = S3Credentials(store.access_key_id, store.secret_access_key)
+    server = SeaweedServer(folder, credentials=given).start()
     try:
         bucket = S3Bucket(
             EMBEDDED_BUCKET,
             endpoint=server.endpoint,
             region=store.region,
-            access_key=access,
-            secret_key=secret,
+            access_key=server.credentials.access_key_id,
+            secret_key=server.credentials.secret_access_key,
         )
         bucket.ensure_exists()
     except BaseException:
         server.stop()
         raise
-    log.info("embedded store serving s3://%s at %s", EMBEDDED_BUCKET, server.endpoint)
+    log.info(
+        "embedded store serving s3://%s at %s (its S3 keys in %s; its ports, all on loopback: %s)",
+        EMBEDDED_BUCKET,
+        server.endpoint,
+        server.keys_dir,
+        " ".join(f"{name}={port}" for name, port in sorted(server.ports.items())),
+    )
     return server, bucket

@@ -34,3 +34,23 @@ def create_private_file(path: Path, *, exclusive: bool = False) -> None:
     with contextlib.suppress(OSError):
         os.fchmod(fd, FILE_MODE)  # the umask may have taken bits away, never added
     os.close(fd)
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole with mode 0600 (a fresh temporary file renamed over it, synced
+    with its directory), so a secret is never readable by others, not even for a moment."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(tmp, flags, FILE_MODE), "wb") as out:
+        os.fchmod(out.fileno(), FILE_MODE)  # the umask may have taken bits away, never added
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

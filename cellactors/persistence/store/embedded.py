@@ -18,6 +18,13 @@ it answers its PUT (docs/stores.md, "The embedded store"):
 - the volume index (``.idx``, key to offset), which SeaweedFS never syncs: after the
   machine restarted, ``weed fix`` rebuilds every index from its (synced) data file before
   ``weed`` opens the volumes.
+
+No port serves the bucket to a process without the store's keys (docs/stores.md, "Who can
+reach the embedded store"): every port listens on loopback only; the S3 gateway accepts one
+identity, a key pair kept in the data directory (``embedded_keys``); the master's and the
+filer's HTTP ports are turned off (``-disableHttp``; the master's would let anyone delete a
+bucket's volumes); the volume server asks a JWT for every read and write; every gRPC port
+asks for a client certificate signed by the store's own CA. The data directory is 0700.
 """
 
 from __future__ import annotations
@@ -40,6 +47,13 @@ from pathlib import Path
 from types import TracebackType
 
 from cellactors.errors import ConfigError
+from cellactors.persistence.celldb.files import private_dir
+from cellactors.persistence.store.embedded_keys import (
+    KEYS_DIR,
+    S3_CONFIG_FILE,
+    S3Credentials,
+    prepare_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +86,11 @@ _STORE_TOML = {
 # The filer path rule whose ``fsync`` flag every upload under it gets: all of them.
 _RULE_PREFIX = "/"
 _FILER_CONF = "/etc/seaweedfs/filer.conf"
+# What ``weed shell`` says when a file is not in the filer.
+_NO_ENTRY = b"no entry is found"
+# Settings in the environment that ``weed`` would take over its configuration (an S3 identity
+# of its own, a JWT key): the store is set up by its files alone.
+_FOREIGN_ENV = ("AWS_", "WEED_")
 # The boot of the machine in which the volume indexes were last rebuilt or known whole.
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _INDEXED_BOOT = "indexed-boot"
@@ -121,6 +140,11 @@ def weed_binary() -> str:
     return found
 
 
+def _weed_env() -> dict[str, str]:
+    """This environment without what ``weed`` would take over its files (``_FOREIGN_ENV``)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+
+
 def boot_id() -> str | None:
     """This boot of the machine (Linux); None where it cannot be told."""
     try:
@@ -147,18 +171,30 @@ def fsync_rule(filer_conf: bytes) -> bool:
 class SeaweedServer:
     """A ``weed mini`` process serving S3 on a loopback port, data under ``data_dir``.
 
+    Its S3 gateway accepts one key pair: ``credentials`` when given (kept in the data
+    directory, replacing the one kept there), else the pair kept there, else a new one made
+    at the first start. ``self.credentials`` is the pair, once ``start`` has run. None of
+    its other ports serves the bucket without the store's keys (see the module docstring).
+
     With ``sync`` (the default) every object is synced to disk before its PUT is answered
-    (see the module's docstring); without it the store is ``weed mini`` as it comes, for
+    (see the module's docstring); without it the store syncs as ``weed mini`` comes, for
     comparison. The filer's metadata store is chosen when the store is created (SQLite with
     ``sync``, leveldb2 without) and kept; a store created by an older cellactors keeps its
     leveldb2 store, whose entries are not synced (a warning says so)."""
 
     def __init__(
-        self, data_dir: str | os.PathLike[str], s3_port: int | None = None, *, sync: bool = True
+        self,
+        data_dir: str | os.PathLike[str],
+        s3_port: int | None = None,
+        *,
+        sync: bool = True,
+        credentials: S3Credentials | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self._s3_port = s3_port
         self.sync = sync
+        self._given_credentials = credentials
+        self._credentials: S3Credentials | None = None
         self.ports = self._pick_ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "seaweedfs.log"
@@ -173,6 +209,18 @@ class SeaweedServer:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
+    @property
+    def credentials(self) -> S3Credentials:
+        """The key pair the S3 gateway accepts (known once ``start`` has run)."""
+        if self._credentials is None:
+            raise ConfigError("the embedded store's credentials are known once it has started")
+        return self._credentials
+
+    @property
+    def keys_dir(self) -> Path:
+        """The 0700 folder of the store's secrets (``weed -config_dir``)."""
+        return self.data_dir / KEYS_DIR
+
     def start(self, timeout: float = 30.0) -> SeaweedServer:
         """Start the server and return once its S3 port answers HTTP and every upload is
         synced as ``sync`` asks.
@@ -180,7 +228,8 @@ class SeaweedServer:
         The filer reads its path rules when it starts and follows a change only a moment
         later: a store whose rule is not yet as asked gets it, then starts again (once,
         when the store is new), so that no PUT is ever answered under the old rule."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)  # the volumes and the filer's store: the bucket itself
+        _, self._credentials = prepare_keys(self.data_dir, self._given_credentials)
         self._choose_filer_store()
         self._rebuild_indexes_after_reboot()
         self._start_process(timeout)
@@ -286,53 +335,61 @@ class SeaweedServer:
             _write_synced(record, current.encode())
 
     def _syncs_uploads(self) -> bool:
-        """Whether the filer's configuration syncs every upload (what it holds now)."""
-        url = f"http://127.0.0.1:{self.ports['filer.port']}{_FILER_CONF}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
-                return fsync_rule(answer.read())
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
+        """Whether the filer's configuration syncs every upload (what it holds now), read
+        with ``weed shell`` (the filer's HTTP port is off)."""
+        done = self._shell(f"fs.cat {_FILER_CONF}", "reading the fsync rule")
+        if done.returncode != 0:
+            if _NO_ENTRY in done.stderr:
                 return False  # no configuration yet: weed's defaults, no sync
-            raise ConfigError(f"SeaweedFS answered {err.code} for {_FILER_CONF}") from err
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"reading {_FILER_CONF} from SeaweedFS failed: {err}") from err
+            raise ConfigError(
+                f"weed shell exited {done.returncode} reading {_FILER_CONF}: "
+                f"{done.stderr.decode(errors='replace').strip()[-300:]}"
+            )
+        try:
+            return fsync_rule(done.stdout)
+        except ValueError as err:
+            raise ConfigError(f"SeaweedFS answered a bad {_FILER_CONF}: {err}") from err
 
     def _set_fsync_rule(self) -> None:
         """Set (or, without ``sync``, drop) the filer path rule that syncs every upload,
         with ``weed shell`` (which saves it in the filer's store)."""
         change = "-fsync" if self.sync else "-delete"
-        command = f"fs.configure -locationPrefix={_RULE_PREFIX} {change} -apply\n"
-        p = self.ports
+        command = f"fs.configure -locationPrefix={_RULE_PREFIX} {change} -apply"
+        done = self._shell(command, "setting the fsync rule")
         with open(self.log_path, "ab") as log_file:
-            try:
-                done = subprocess.run(
-                    [
-                        weed_binary(),
-                        "shell",
-                        f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
-                        f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
-                    ],
-                    input=command.encode(),
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.data_dir,
-                    env={**os.environ, "TMPDIR": str(self.data_dir)},  # its history file
-                    timeout=60,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as err:
-                raise ConfigError(
-                    f"weed shell did not set the fsync rule within 60 s; see {self.log_path}"
-                ) from err
+            log_file.write(done.stdout + done.stderr)
         if done.returncode != 0:
             raise ConfigError(
                 f"weed shell exited {done.returncode} setting the fsync rule; see {self.log_path}"
             )
 
+    def _shell(self, command: str, what: str) -> subprocess.CompletedProcess[bytes]:
+        """Run one ``weed shell`` command against this server, as a client holding the
+        store's certificate (every gRPC port asks for one); its output, captured."""
+        p = self.ports
+        try:
+            return subprocess.run(
+                [
+                    weed_binary(),
+                    f"-config_dir={self.keys_dir}",
+                    "shell",
+                    f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
+                    f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
+                ],
+                input=command.encode() + b"\n",
+                capture_output=True,
+                cwd=self.data_dir,
+                env={**_weed_env(), "TMPDIR": str(self.data_dir)},  # its history file
+                timeout=60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise ConfigError(f"weed shell did not finish {what} within 60 s") from err
+
     def _start_once(self, timeout: float) -> None:
         args = [
             weed_binary(),
+            f"-config_dir={self.keys_dir}",  # security.toml: JWT keys, gRPC certificates
             "mini",
             f"-dir={self.data_dir}",
             "-ip=127.0.0.1",
@@ -342,6 +399,10 @@ class SeaweedServer:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-debug.port=0",
+            # The master's and the filer's HTTP ports: nothing here needs them, and the
+            # master's would let any local process delete a bucket's volumes (/col/delete).
+            "-disableHttp",
+            f"-s3.config={self.keys_dir / S3_CONFIG_FILE}",  # the one identity S3 accepts
             # Every bucket is a collection with volumes of its own; the default count (from
             # free disk / 128 MiB volumes, about 70 here) runs out after as many buckets.
             "-volume.max=2000",
@@ -354,6 +415,7 @@ class SeaweedServer:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=self.data_dir,  # weed reads ./filer.toml first
+                env=_weed_env(),
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
