@@ -187,10 +187,8 @@ class ActivationFailed(CallError):
 
 
 class ActivationRaised(CallError):
-    """The cell's own ``on_activate`` raised, so the cell could not open and the call never
-    ran. A bug in the cell's code, not a fault of the node or the store: trying again gives
-    the same answer until the code (or the data it reads) changes, so it is not retryable.
-    ``exc_type`` and ``exc_message`` say what it raised."""
+    """The cell's ``on_activate`` raised (``exc_type``, ``exc_message``): the cell could not
+    open and the call never ran. A bug in the cell's code: not retryable."""
 
     status = 500
     code = "activation_raised"
@@ -225,9 +223,8 @@ class KeyConflict(CallError):
 
 
 class CallCycle(CallError):
-    """A call between cells would wait on a cell that is itself waiting for this call (A
-    calls B which calls A, directly or through others): it would deadlock, so it is refused
-    before it runs. The calling cell's method gets this error and decides what to do."""
+    """A call between cells would wait on a cell waiting for this call (A calls B calls A):
+    it would deadlock, so it is refused before it runs, to the calling cell's method."""
 
     status = 409
     code = "call_cycle"
@@ -246,6 +243,11 @@ class Fenced(BucketError):
 
 
 # --- a cell's history in the bucket -------------------------------------------------
+
+
+class CellVacant(CellactorsError):
+    """Not a failure: the cell has never existed (no ownership record), and the activation
+    was asked to say so instead of creating it (a read-only call answers from scratch)."""
 
 
 class SealLost(CellactorsError):
@@ -270,10 +272,9 @@ class PointNotRestorable(CellactorsError):
 
 
 class HistoryCollected(CallError):
-    """The history asked for was garbage-collected (it is older than the retention period):
-    ``oldest_txid`` is the first txid the bucket still holds in batches, ``snapshot_txid``
-    the snapshot to start from (restore it, then read the feed after it), if any. Not run:
-    nothing changed."""
+    """The history asked for was garbage-collected (older than the retention period):
+    ``oldest_txid`` is the first txid still in batches, ``snapshot_txid`` the snapshot to
+    start from (restore it, then read the feed after it), if any. Nothing changed."""
 
     status = 410
     code = "history_collected"
@@ -310,10 +311,9 @@ class Refused(UnsupportedSchema):
 
 
 class TransactionLost(Refused):
-    """SQLite rolled the call's transaction back under the method (an ``ON CONFLICT
-    ROLLBACK``, a ``RAISE(ROLLBACK)``, or an error the method caught) and the method
-    returned: nothing of it is kept. A statement it ran after that wrote the file outside
-    any transaction: the file is then no longer trusted."""
+    """SQLite rolled the call's transaction back under the method (``ON CONFLICT ROLLBACK``,
+    ``RAISE(ROLLBACK)``, an error it caught) and the method returned: nothing is kept (a
+    statement run after that wrote outside any transaction: the file is no longer trusted)."""
 
 
 # --- the wire -----------------------------------------------------------------------
@@ -342,8 +342,7 @@ class HeadersTooLarge(CallError):
 
 class RequestTimeout(CallError):
     """A request's head or body did not arrive whole within the listener's timeout: cut off
-    before the call was handed to the node (it runs only on a whole body), so it never ran.
-    The connection is closed."""
+    (and the connection closed) before the call was handed to the node, so it never ran."""
 
     status = 408
     code = "request_timeout"

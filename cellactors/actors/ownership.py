@@ -157,15 +157,20 @@ class OwnershipActor(PooledActor):
 
     # --- acquire ----------------------------------------------------------------------
 
-    def acquire(self, place: Callable[[], acq.Remote | None]) -> acq.Claim | acq.Remote:
+    def acquire(
+        self, place: Callable[[], acq.Remote | None], vacant_ok: bool = False
+    ) -> acq.Claim | acq.Remote | acq.Vacant:
         """Run the acquire protocol; returns the applied claim or where the owner lives.
 
-        ``place`` is asked before claiming an unowned cell: it may send it to a peer.
+        ``place`` is asked before claiming an unowned cell: it may send it to a peer. With
+        ``vacant_ok``, a cell that has never existed is not created: :class:`acq.Vacant`.
         """
         me = self.ownership.node
         ambiguous = 0
         for _ in range(acq.MAX_ATTEMPTS):
             record = self.ownership.read_owner(self.cell_id)
+            if record is None and vacant_ok:
+                return acq.Vacant()
             decision = acq.decide(me, record, None)
             if isinstance(decision, acq.ReadLease):
                 snap = self.leases.read_lease(decision.node)  # its answer feeds the clock

@@ -56,6 +56,12 @@ class Defer:
     node: str
 
 
+@dataclass(frozen=True)
+class Vacant:
+    """The cell has never existed (no ownership record), and the acquire was asked to say
+    so rather than create it: nothing was written."""
+
+
 Decision = Claim | ReadLease | Remote | Defer
 
 _UNREAD = object()

@@ -44,6 +44,7 @@ from cellactors.errors import (
     AmbiguousWrite,
     BucketError,
     CallError,
+    CellVacant,
     NodeStorageFault,
     NodeUnavailable,
     RemoteOwner,
@@ -174,10 +175,17 @@ class Activations:
     # --- activation -----------------------------------------------------------------------
 
     def activate(
-        self, cell_id: str, cls: type[CellActor], forwarded: bool, timeout: float
+        self,
+        cell_id: str,
+        cls: type[CellActor],
+        forwarded: bool,
+        timeout: float,
+        vacant_ok: bool = False,
     ) -> Active:
         """The cell open here, activating it if it is not: raises
-        :class:`~cellactors.errors.RemoteOwner` (a cached route) or the activation's error."""
+        :class:`~cellactors.errors.RemoteOwner` (a cached route) or the activation's error;
+        with ``vacant_ok``, :class:`~cellactors.errors.CellVacant` for a cell that has never
+        existed, which is then not created."""
         inline = False
         with self.lock:
             status = self._status()
@@ -197,7 +205,7 @@ class Activations:
                 if not inline:
                     threading.Thread(
                         target=self._run,
-                        args=(host, forwarded),
+                        args=(host, forwarded, vacant_ok),
                         daemon=True,
                         name=f"activate-{cell_id}",
                     ).start()
@@ -205,7 +213,7 @@ class Activations:
             self._run(host, forwarded)
         return host.wait(timeout)
 
-    def _run(self, host: CellHost, forwarded: bool) -> None:
+    def _run(self, host: CellHost, forwarded: bool, vacant_ok: bool = False) -> None:
         cell_id = host.cell_id
         closing = self._closing.get(cell_id)
         if closing is not None:
@@ -215,7 +223,10 @@ class Activations:
             own, host.active = self._start_ownership(host)
             host.ownership = own
             if host.active is None:
-                outcome = ask_method(own, "acquire", lambda: self.placement.place(forwarded)).get()
+                place = functools.partial(self.placement.place, forwarded)
+                outcome = ask_method(own, "acquire", place, vacant_ok).get()
+                if isinstance(outcome, acquire.Vacant):
+                    raise CellVacant(cell_id)
                 if isinstance(outcome, acquire.Remote):
                     self.routes.remember(cell_id, outcome)
                     raise (
@@ -235,10 +246,10 @@ class Activations:
         except BaseException as err:
             host.error = (
                 err
-                if isinstance(err, CallError)
+                if isinstance(err, (CallError, CellVacant))
                 else ActivationFailed(f"activation of {cell_id} failed: {err}")
             )
-            if not isinstance(err, CallError):
+            if not isinstance(err, (CallError, CellVacant)):
                 log.exception("activation of %s failed", cell_id)
             with self.lock:
                 if self._hosts.get(cell_id) is host:

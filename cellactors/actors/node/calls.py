@@ -18,9 +18,11 @@ from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics
 from cellactors.actors.node.activations import Activations
 from cellactors.actors.node.routes import RouteCache
+from cellactors.actors.node.scratch import read_vacant
 from cellactors.actors.node.settings import NodeSettings
 from cellactors.actors.node.status import NodeStatus
 from cellactors.actors.ownership import Active
+from cellactors.clock import RuntimeClock
 from cellactors.core import alarms as alarm_rules
 from cellactors.core import keys
 from cellactors.core.idempotency import check_key
@@ -33,6 +35,7 @@ from cellactors.errors import (
     BadRequest,
     CallCycle,
     CallError,
+    CellVacant,
     InvalidCellId,
     NotDurable,
     RemoteOwner,
@@ -179,6 +182,8 @@ class RunnerHost(Protocol):
     def fence(self, reason: str) -> None: ...
     def may_answer(self) -> bool: ...
     def activate_here(self, cell_id: str) -> Active: ...
+    @property
+    def clock(self) -> RuntimeClock: ...
 
 
 class CallRunner:
@@ -220,11 +225,11 @@ class CallRunner:
             raise BadRequest(f"call chain longer than {alarm_rules.MAX_CHAIN} cells")
         budget = self.host.settings.call_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        for _ in range(3):
-            active = self.host.activations.activate(
-                cell_id, cls, forwarded, max(0.1, deadline - time.monotonic())
-            )
-            invoke = Invoke(
+        # A read of a cell nobody created is answered from scratch, creating nothing.
+        vacant_ok = method in cls.read_only_methods()
+
+        def invoke_message() -> Invoke:
+            return Invoke(
                 method,
                 tuple(args),
                 kwargs,
@@ -235,6 +240,21 @@ class CallRunner:
                 chain=chain,
                 caller=caller,
             )
+
+        for _ in range(3):
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                active = self.host.activations.activate(cell_id, cls, forwarded, left, vacant_ok)
+            except CellVacant:
+                vacant_ok = False  # next time, activate (a write waited on a read's try)
+                if method in cls.read_only_methods():
+                    read, result = read_vacant(
+                        cls, cell_id, invoke_message(), self.host.clock, left
+                    )
+                    if read:
+                        return result
+                continue
+            invoke = invoke_message()
             try:
                 deliver(cls, active, invoke, self.host.quick_reads)
             except pykka.ActorDeadError:
