@@ -7,9 +7,8 @@ owned, its file closed, nothing running; the next call resumes it with no bucket
 or a *local copy* (released, its file kept for a quick reactivation by this process).
 
 The catalogue starts activations, resets and gives up cells whose writes or storage failed,
-and puts idle ones away; it tells its :class:`ActivationListener` (the node's alarms and
-outbox) when a cell opens or leaves, instead of calling them itself. Placement of an
-unowned cell is a pure choice (:mod:`cellactors.core.placement`).
+and puts idle ones away; it tells its :class:`ActivationListener` (alarms, outbox) when a
+cell opens or leaves. Placement of an unowned cell is :mod:`cellactors.core.placement`.
 """
 
 from __future__ import annotations
@@ -183,9 +182,8 @@ class Activations:
         vacant_ok: bool = False,
     ) -> Active:
         """The cell open here, activating it if it is not: raises
-        :class:`~cellactors.errors.RemoteOwner` (a cached route) or the activation's error;
-        with ``vacant_ok``, :class:`~cellactors.errors.CellVacant` for a cell that has never
-        existed, which is then not created."""
+        :class:`~cellactors.errors.RemoteOwner` (a cached route) or the activation's error
+        (with ``vacant_ok``, ``CellVacant`` for a cell never created, left uncreated)."""
         inline = False
         with self.lock:
             status = self._status()
@@ -203,12 +201,8 @@ class Activations:
                 # own, so that a slow store cannot keep the caller past its timeout.
                 inline = cell_id in self._dormant
                 if not inline:
-                    threading.Thread(
-                        target=self._run,
-                        args=(host, forwarded, vacant_ok),
-                        daemon=True,
-                        name=f"activate-{cell_id}",
-                    ).start()
+                    run = functools.partial(self._run, host, forwarded, vacant_ok)
+                    threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}").start()
         if inline:
             self._run(host, forwarded)
         return host.wait(timeout)
@@ -244,12 +238,11 @@ class Activations:
                 raise NodeUnavailable(f"node {self.node_id} is {status}")
             self._tell().opened(host.active)
         except BaseException as err:
+            known = isinstance(err, (CallError, CellVacant))
             host.error = (
-                err
-                if isinstance(err, (CallError, CellVacant))
-                else ActivationFailed(f"activation of {cell_id} failed: {err}")
+                err if known else ActivationFailed(f"activation of {cell_id} failed: {err}")
             )
-            if not isinstance(err, (CallError, CellVacant)):
+            if not known:
                 log.exception("activation of %s failed", cell_id)
             with self.lock:
                 if self._hosts.get(cell_id) is host:
