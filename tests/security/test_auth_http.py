@@ -292,3 +292,20 @@ def test_a_served_process_with_an_api_keys_file_admits_only_its_keys(
         assert "ak_" not in proc.output()  # no key ever reaches the log
     finally:
         proc.kill()
+
+
+def test_authentication_adds_no_bucket_request_to_a_call(pair: Pair, sw_bucket: S3Bucket) -> None:
+    """The ack path of an authenticated call is the open node's, request for request."""
+
+    def spent(node: ServedNode, path: str, key: str | None) -> dict[tuple[str, str], int]:
+        assert pair.post(node, path, key=key).status_code == 200  # the cell is active
+        before = node.node.bucket.snapshot()
+        assert pair.post(node, path, key=key).status_code == 200
+        after = node.node.bucket.snapshot()
+        after.subtract(before)
+        return {k: v for k, v in after.items() if v and k[1] != "lease"}
+
+    authenticated = spent(pair.a, "Ledger/acks/increment", ALICE)
+    with served_node(sw_bucket, "open", classes=(Ledger,)) as open_node:
+        anonymous = spent(open_node, "Ledger/acks2/increment", None)
+    assert authenticated == anonymous and sum(authenticated.values()) >= 1
