@@ -29,6 +29,10 @@ class Reports(CellActor):
     def on_activate(self) -> None:
         self.db.execute("CREATE TABLE IF NOT EXISTS r (n INTEGER)")
 
+    def touch(self) -> None:
+        """A write: it creates the cell (reads of a cell nobody created create nothing)."""
+        self.db.execute("INSERT INTO r (n) VALUES (1)")
+
     @read_only
     def count_to(self, n: int) -> int:
         return int(self.db.execute(SLOW_SQL, [n]).fetchone()[0])
@@ -64,6 +68,7 @@ def slowest_health_check(url: str, busy: Callable[[], Any]) -> tuple[float, Any]
 @pytest.fixture
 def served(sw_bucket: S3Bucket) -> Any:
     with served_node(sw_bucket, "n1", classes=(Reports, Counter)) as node:
+        assert call(node.public, "touch") is None  # the cell exists and is active
         yield node
 
 

@@ -210,13 +210,23 @@ def cell_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t not in before and t.name.startswith("Reads-")]
 
 
+def created(node: Node, names: list[str]) -> None:
+    """Cells that exist in the bucket but are not active here: written once, then released
+    (a read of a cell nobody created would activate nothing: tests/test_scratch_reads.py)."""
+    for name in names:
+        assert node.call("Reads", name, "put", {"k": "a", "v": 0}) == 0
+        assert node.passivate(f"Reads:{name}")
+    eventually(lambda: all(node.activations.active(f"Reads:{n}") is None for n in names), 10)
+
+
 def test_a_cell_only_read_holds_no_thread_until_its_first_write(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(collector_module, "TRIM_AFTER_S", 0.1)
+    created(node, ["a"])
     before = set(threading.enumerate())
-    # Activated by a read: on_activate (which creates the table) runs in the activating
-    # thread, the read in this one; the idle trim runs in the node's reaper.
+    # Activated by a read: the restore runs in the activating thread, the read in this
+    # one; the idle trim runs in the node's reaper.
     assert node.call("Reads", "a", "where") == threading.get_ident()
     active = active_of(node, "Reads:a")
     assert active is not None
@@ -236,8 +246,9 @@ def test_a_fence_stops_cells_only_read_without_starting_their_threads(
         started.append(thread.name)
         start(thread)
 
-    monkeypatch.setattr(threading.Thread, "start", counting_start)
     names = [f"r{i}" for i in range(20)]
+    created(node, names)
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
     for name in names:
         assert node.call("Reads", name, "value", {"k": "a"}) == 0
     cells = []
