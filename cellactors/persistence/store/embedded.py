@@ -86,6 +86,9 @@ _STORE_TOML = {
 # The filer path rule whose ``fsync`` flag every upload under it gets: all of them.
 _RULE_PREFIX = "/"
 _FILER_CONF = "/etc/seaweedfs/filer.conf"
+#: How long one ``weed shell`` command may take, and how many times it is tried.
+SHELL_TIMEOUT_S = 20
+SHELL_ATTEMPTS = 3
 # What ``weed shell`` says when a file is not in the filer.
 _NO_ENTRY = b"no entry is found"
 # Settings in the environment that ``weed`` would take over its configuration (an S3 identity
@@ -367,24 +370,30 @@ class SeaweedServer:
         """Run one ``weed shell`` command against this server, as a client holding the
         store's certificate (every gRPC port asks for one); its output, captured."""
         p = self.ports
-        try:
-            return subprocess.run(
-                [
-                    weed_binary(),
-                    f"-config_dir={self.keys_dir}",
-                    "shell",
-                    f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
-                    f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
-                ],
-                input=command.encode() + b"\n",
-                capture_output=True,
-                cwd=self.data_dir,
-                env={**_weed_env(), "TMPDIR": str(self.data_dir)},  # its history file
-                timeout=60,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise ConfigError(f"weed shell did not finish {what} within 60 s") from err
+        # A shell that connected while the cluster was still settling (a master just
+        # restarted) can wait for ever: it is stopped and run again, a few times.
+        for attempt in range(1, SHELL_ATTEMPTS + 1):
+            try:
+                return subprocess.run(
+                    [
+                        weed_binary(),
+                        f"-config_dir={self.keys_dir}",
+                        "shell",
+                        f"-master=127.0.0.1:{p['master.port']}.{p['master.port.grpc']}",
+                        f"-filer=127.0.0.1:{p['filer.port']}.{p['filer.port.grpc']}",
+                    ],
+                    input=command.encode() + b"\n",
+                    capture_output=True,
+                    cwd=self.data_dir,
+                    env={**_weed_env(), "TMPDIR": str(self.data_dir)},  # its history file
+                    timeout=SHELL_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                log.warning("weed shell hung %s (try %d); running it again", what, attempt)
+        raise ConfigError(
+            f"weed shell did not finish {what} in {SHELL_ATTEMPTS} tries of {SHELL_TIMEOUT_S} s"
+        )
 
     def _start_once(self, timeout: float) -> None:
         args = [
