@@ -68,7 +68,9 @@ def test_a_typo_is_a_dead_letter_and_the_later_message_is_delivered(
             [typo] = payer.pay(to="bob", amounts=[5], method="depositt")
             payer.pay(to="bob", amounts=[7])  # queued behind the typo (same target)
             eventually(lambda: node.cell(Account, "bob").credits() == [7], timeout=15)
-        letter = one_letter(node)
+            # Seen twice under a loaded full run: the letter was not there yet when the 7
+            # had arrived (not diagnosed; see the closing note of 2026-12-03).
+            letter = eventually(lambda: one_letter(node), timeout=10)
         assert isinstance(letter, DeadLetter)
         assert (letter.id, letter.target, letter.method) == (typo, "Account:bob", "depositt")
         assert letter.kwargs == {"amount": 5}
