@@ -234,7 +234,7 @@ def test_a_node_answering_not_run_for_a_while_is_ridden_out(served: Served) -> N
 def test_not_run_answers_until_the_deadline_end_not_run(served: Served) -> None:
     served.node.status = "draining"
     with (
-        Client(served.public, retry_for=0.3, backoff=0.01) as client,
+        Client(served.public, retry_for=1.0, backoff=0.01) as client,
         pytest.raises(NodeUnavailable) as info,
     ):
         client.call("Counter", "a", "increment")
