@@ -59,7 +59,9 @@ def main() -> None:
     node = Node(bucket, "resident", [Counter], settings).start()
 
     def activate(name: str) -> None:
-        node.cell(Counter, name).get("x")  # a read: activation (on_activate) and nothing else
+        # One write: the activation and its first batch (a read of a cell nobody created
+        # would activate nothing).
+        node.cell(Counter, name).increment("x")
 
     try:
         run_parallel([functools.partial(activate, f"warm-{i}") for i in range(args.warm)], 16)
