@@ -111,3 +111,17 @@ def test_a_cell_whose_activation_needs_the_node_is_activated_for_real(
 ) -> None:
     assert node.call("Needy", "n", "ready") is True
     assert cell_objects(sw_bucket, "Needy:n") != []
+
+
+def test_a_scratch_read_starts_no_thread(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    assert node.call("Shelf", "threadless", "count") == 0
+    monkeypatch.undo()
+    assert [n for n in started if n.startswith("Shelf-")] == []

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cellactors.actors.metrics import WIRE_LIMITS, WIRE_LISTENERS
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
@@ -95,15 +96,8 @@ def refusals(node: ServedNode) -> dict[tuple[str, str], float]:
     samples = parse(httpx.get(node.internal + "/metrics", timeout=WAIT).text)
     return {
         (listener, limit): value(samples, REFUSALS, listener=listener, limit=limit)
-        for listener in ("public", "internal")
-        for limit in (
-            "header_bytes",
-            "header_count",
-            "header_timeout",
-            "body_timeout",
-            "idle_timeout",
-            "connections",
-        )
+        for listener in WIRE_LISTENERS
+        for limit in WIRE_LIMITS
     }
 
 

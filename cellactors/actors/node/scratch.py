@@ -62,7 +62,11 @@ def read_vacant(
             actor.open_here(runtime)
         except Exception:
             return False, None
-        actor.actor_ref.tell(invoke)
+        # Run right here when it may (the cell is idle: it always is), as a quick read of a
+        # live cell does; so the scratch cell never starts a thread of its own.
+        run_inline = runtime.run_inline
+        if run_inline is None or not run_inline(invoke):
+            actor.actor_ref.tell(invoke)
         return True, invoke.reply.get(timeout=timeout)
     finally:
         actor.actor_ref.stop(block=False)

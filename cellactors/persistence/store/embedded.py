@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cellactors.errors import ConfigError
-from cellactors.persistence.celldb.files import private_dir
+from cellactors.persistence.celldb.files import private_dir, write_private_file
 from cellactors.persistence.store.embedded_keys import (
     KEYS_DIR,
     S3_CONFIG_FILE,
@@ -115,21 +115,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    """Write ``path`` whole (a temporary file renamed over it), synced with its directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def weed_binary() -> str:
@@ -295,7 +280,7 @@ class SeaweedServer:
             if store == "sqlite":
                 with contextlib.closing(sqlite3.connect(self.data_dir / _SQLITE_DB)) as db:
                     db.execute("PRAGMA journal_mode=WAL")
-            _write_synced(toml, _STORE_TOML[store].encode())
+            write_private_file(toml, _STORE_TOML[store].encode())
         if self.sync and store == "leveldb2":
             log.warning(
                 "the embedded store under %s keeps its metadata in leveldb2 (it was created "
@@ -335,7 +320,7 @@ class SeaweedServer:
                     f"{done.returncode}); see {self.log_path}"
                 )
         if current is not None:
-            _write_synced(record, current.encode())
+            write_private_file(record, current.encode())
 
     def _syncs_uploads(self) -> bool:
         """Whether the filer's configuration syncs every upload (what it holds now), read
