@@ -43,9 +43,9 @@ from cellactors.errors import (
     NotDurable,
 )
 from cellactors.persistence.celldb.database import CellDatabase, remove_db_files
-from cellactors.persistence.celldb.files import DIR_MODE
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.files import DIR_MODE
 from cellactors.persistence.history.restore import restore
 from cellactors.persistence.history.seals import create_seal
 from cellactors.persistence.store.bucket import Applied, Bucket

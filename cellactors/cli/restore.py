@@ -19,8 +19,8 @@ from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected, PointNotRestorable
 from cellactors.persistence.celldb.database import CellDatabase
-from cellactors.persistence.celldb.files import create_private_file
 from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.files import create_private_file
 from cellactors.persistence.history.restore import restore as restore_cell
 from cellactors.persistence.history.restore import restore_at
 

@@ -53,7 +53,7 @@ from cellactors.cli.log_format import LOG_FORMATS, setup_logging
 from cellactors.cli.serve_options import DURATION, env_option, wire_options
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
-from cellactors.persistence.celldb.files import private_dir
+from cellactors.persistence.files import private_dir
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.server.auth.authentication import check_exposure
 from cellactors.server.peer_keys import keyring_file

@@ -57,10 +57,10 @@ from cellactors.errors import (
     RemoteOwner,
     UnknownCell,
 )
-from cellactors.persistence.celldb.files import private_dir
 from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.files import private_dir
 from cellactors.persistence.history import feed
 from cellactors.persistence.history.feed import FeedReader
 from cellactors.persistence.store.bucket import Bucket

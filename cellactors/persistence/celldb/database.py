@@ -24,7 +24,8 @@ import sqlite_utils
 from cellactors.core.storage import storage_fault_reason
 from cellactors.core.txn import Txn
 from cellactors.errors import NodeStorageFault, Refused, TransactionLost
-from cellactors.persistence.celldb import authorizer, capture, files
+from cellactors.persistence import files
+from cellactors.persistence.celldb import authorizer, capture
 from cellactors.persistence.celldb.calls import CallLog
 from cellactors.persistence.celldb.runtime_tables import RuntimeTables
 

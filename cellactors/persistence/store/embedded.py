@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cellactors.errors import ConfigError
-from cellactors.persistence.celldb.files import private_dir, write_private_file
+from cellactors.persistence.files import private_dir, write_private_file
 from cellactors.persistence.store.embedded_keys import (
     KEYS_DIR,
     S3_CONFIG_FILE,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellactors.errors import ConfigError
-from cellactors.persistence.celldb.files import private_dir, write_private_file
+from cellactors.persistence.files import private_dir, write_private_file
 
 KEYS_DIR = "keys"
 CREDENTIALS_FILE = "s3-credentials.json"
