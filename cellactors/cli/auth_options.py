@@ -6,15 +6,17 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from cellactors.errors import ConfigError
-from cellactors.server.auth.authentication import Authentication
-from cellactors.server.peer_keys import KeySource
+
+if TYPE_CHECKING:  # the server loads only when a node is served, not for every command
+    from cellactors.server.auth.authentication import Authentication
+    from cellactors.server.peer_keys import KeySource
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,7 +34,7 @@ class AuthArgs:
     allow_anonymous: bool = False
     cors_origins: tuple[str, ...] = ()
 
-    def authentication(self) -> Any:
+    def authentication(self) -> Authentication:
         """The node's :class:`~cellactors.server.auth.Authentication` (ConfigError when a
         file or hook is unusable)."""
         from cellactors.server.auth import ApiKeys, Authentication, JwtBearer, Scheme
@@ -70,7 +72,7 @@ class AuthArgs:
 class Access:
     """Who may reach what, as ``serve`` hands it to the listeners."""
 
-    authentication: Authentication = field(default_factory=Authentication)
+    authentication: Authentication
     allow_anonymous: bool = False
     cors_origins: tuple[str, ...] = ()
     internal_hosts: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from cellactors.server import hosts
+from cellactors.wire.addresses import is_loopback
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 DEFAULT_INTERNAL = "127.0.0.1:8081"
@@ -34,7 +34,7 @@ class Address:
 
     @property
     def is_loopback(self) -> bool:
-        return hosts.is_loopback(self.host)
+        return is_loopback(self.host)
 
     @property
     def is_wildcard(self) -> bool:

@@ -55,8 +55,6 @@ from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.files import private_dir
 from cellactors.persistence.store.bucket import Bucket
-from cellactors.server.auth.authentication import check_exposure
-from cellactors.server.peer_keys import keyring_file
 
 log = logging.getLogger("cellactors.serve")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -280,6 +278,8 @@ def serve(
     from cellactors.actors.snapshots import SnapshotPolicy
     from cellactors.cli.app_loader import load_app
     from cellactors.core import keys
+    from cellactors.server.auth.authentication import check_exposure
+    from cellactors.server.peer_keys import keyring_file
 
     setup_logging(log_level, log_format)
     from cellactors.actors.limits import max_active_cells, raise_open_files_limit
@@ -337,7 +337,7 @@ def _run(
     listeners: Listeners,
     wire: dict[str, Any],
     data_dir: Path,
-    access: Access | None = None,
+    access: Access,
 ) -> int:
     """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
     the :class:`ServerSettings` of the limits on the wire (body size included)."""
@@ -346,8 +346,6 @@ def _run(
     from cellactors.persistence.store.embedded import SeaweedServer
     from cellactors.server.app import ServerSettings
     from cellactors.server.runner import FenceLatch, serve_node
-
-    access = access or Access()
 
     embedded: SeaweedServer | None = None
     bucket: Bucket | None = None

@@ -23,16 +23,6 @@ from cellactors.wire import codec
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def is_loopback(host: str) -> bool:
-    """Whether a listen address is this machine's loopback (only local processes reach it)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def host_name(value: str) -> str:
     """The name of a ``Host`` value (or an address), without its port, lower case:
     ``[::1]:8081`` is ``::1``, ``Node-A:8081`` is ``node-a``."""

@@ -58,14 +58,15 @@ _NEVER = math.inf
 
 @dataclass(frozen=True)
 class WireLimits:
-    """The limits of one listener (``ServerSettings`` holds them; docs/http-api.md)."""
+    """The limits of one listener, as ``ServerSettings`` gives them (its defaults are the
+    only ones; docs/http-api.md)."""
 
-    max_header_bytes: int = 32 << 10
-    max_header_count: int = 100
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    keep_alive_timeout: float = 75.0
-    max_connections: int = 1024
+    max_header_bytes: int
+    max_header_count: int
+    header_timeout: float
+    body_timeout: float
+    keep_alive_timeout: float
+    max_connections: int
 
     @property
     def sweep_interval(self) -> float:

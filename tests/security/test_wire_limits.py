@@ -261,3 +261,16 @@ def test_the_serve_flags_set_the_limits(
         eventually(lambda: healthz(port) == 200, timeout=WAIT)
     finally:
         proc.kill()
+
+
+def test_serve_defaults_the_limits_as_the_server_settings_do() -> None:
+    """The flags spell their defaults (for --help) without importing the server; they must
+    be the settings' own, or a default changed in one place would not reach the other."""
+    from dataclasses import fields
+
+    from cellactors.cli.serve import serve
+    from cellactors.cli.serve_options import WIRE_FIELDS
+
+    defaults = {f.name: f.default for f in fields(ServerSettings)}
+    declared = {p.name: p.default for p in serve.params if p.name in WIRE_FIELDS}
+    assert declared == {name: defaults[name] for name in WIRE_FIELDS}

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from cellactors.core.principal import Principal
 from cellactors.errors import ConfigError, Unauthenticated
-from cellactors.server import hosts
+from cellactors.wire.addresses import is_loopback
 
 
 class Scheme(Protocol):
@@ -85,7 +85,7 @@ class Authentication:
 def check_exposure(auth: Authentication, public_host: str, allow_anonymous: bool) -> None:
     """Refuse an open public listener (no scheme) on an address other than loopback,
     unless ``allow_anonymous`` says it is on purpose (a gateway in front authenticates)."""
-    if auth.open and not allow_anonymous and not hosts.is_loopback(public_host):
+    if auth.open and not allow_anonymous and not is_loopback(public_host):
         raise ConfigError(
             f"the public listener on {public_host} would admit anyone who reaches it: give an "
             "authentication scheme (--api-keys, --jwt-key, --authenticate) or say "
