@@ -274,7 +274,9 @@ def build_public_app(
     ]
     middleware = [Middleware(AnswerGuard, core=core)]
     if core.settings.cors_origins:
-        middleware.append(cors.middleware(core.settings.cors_origins))
+        # Outermost: the guard's own answers (a 503 at shutdown, a 500) carry CORS headers
+        # too, so a page reads their outcome instead of a network error.
+        middleware.insert(0, cors.middleware(core.settings.cors_origins))
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -210,6 +210,7 @@ class Runner:
             host=host,
             port=port,
             http=self._guards[which].protocol_class(),
+            ws="none",  # an upgrade would leave the wire limits' protocol: none is served
             lifespan="on",
             log_config=None,
             access_log=self._access_log,

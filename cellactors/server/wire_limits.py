@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,16 +33,14 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from cellactors.actors.metrics import WIRE_LIMITS
 from cellactors.errors import CallError, HeadersTooLarge, NodeUnavailable, RequestTimeout
 from cellactors.wire import codec
 
+log = logging.getLogger(__name__)
+
 #: The limits, as the ``limit`` label of the refusals counter names them.
-HEADER_BYTES = "header_bytes"
-HEADER_COUNT = "header_count"
-HEADER_TIMEOUT = "header_timeout"
-BODY_TIMEOUT = "body_timeout"
-IDLE_TIMEOUT = "idle_timeout"
-CONNECTIONS = "connections"
+HEADER_BYTES, HEADER_COUNT, HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, CONNECTIONS = WIRE_LIMITS
 #: After a refusal the node stops writing (FIN) but reads and drops what the client still
 #: sends for this long before closing: closing with unread bytes would reset the
 #: connection, and the client could lose the answer that says its call never ran.
@@ -117,7 +116,10 @@ class WireGuard:
             now = loop.time()
             for conn in list(connections):
                 if isinstance(conn, LimitedProtocol) and conn.deadline <= now:
-                    conn.expire(now)
+                    try:
+                        conn.expire(now)
+                    except Exception:  # one connection's failure must not end the sweep
+                        log.exception("cutting off an overdue connection failed")
 
 
 class LimitedProtocol(HttpToolsProtocol):
@@ -273,7 +275,9 @@ class LimitedProtocol(HttpToolsProtocol):
         self.guard.refused(limit)
         transport = self.transport
         cycle = self.cycle
-        idle = cycle is None or cycle.response_complete
+        # A body still arriving after the app answered (it answered before reading it: a
+        # refusal, an unknown cell) is only cut: its answer is on the wire already.
+        idle = self._phase != _BODY and (cycle is None or cycle.response_complete)
         unanswered = self._phase == _BODY and not self.pipeline and not cycle.response_started
         if idle or unanswered:
             transport.write(self._answer(err))

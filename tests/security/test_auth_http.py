@@ -309,3 +309,25 @@ def test_authentication_adds_no_bucket_request_to_a_call(pair: Pair, sw_bucket: 
     with served_node(sw_bucket, "open", classes=(Ledger,)) as open_node:
         anonymous = spent(open_node, "Ledger/acks2/increment", None)
     assert authenticated == anonymous and sum(authenticated.values()) >= 1
+
+
+def test_the_answer_guards_own_answers_carry_cors_headers_too() -> None:
+    """An unexpected failure is answered by the answer guard (500, outcome unknown): a page
+    of an allowed origin must be able to read it, not see a network error."""
+    from starlette.testclient import TestClient
+
+    from cellactors.server.app import build_public_app
+    from tests.helpers.fake_node import KEY, FakeNode
+
+    node = FakeNode("node-a")
+
+    def broken(cell_id: str) -> Any:
+        raise RuntimeError("a bug")
+
+    node.feed_reader = broken  # type: ignore[method-assign]
+    app = build_public_app(node, KEY, ServerSettings(cors_origins=("http://a.example",)))
+    cls = sorted(node.classes)[0]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.get(f"/cells/{cls}/x/changes", headers={"origin": "http://a.example"})
+    assert (r.status_code, r.json()["outcome"]) == (500, "unknown")
+    assert r.headers["access-control-allow-origin"] == "http://a.example"

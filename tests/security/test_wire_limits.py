@@ -274,3 +274,23 @@ def test_serve_defaults_the_limits_as_the_server_settings_do() -> None:
     defaults = {f.name: f.default for f in fields(ServerSettings)}
     declared = {p.name: p.default for p in serve.params if p.name in WIRE_FIELDS}
     assert declared == {name: defaults[name] for name in WIRE_FIELDS}
+
+
+def test_a_body_still_arriving_after_the_answer_is_cut_without_a_second_answer(
+    seaweed: SeaweedServer,
+) -> None:
+    """A call refused before its body was read (an unknown class) is answered at once; the
+    rest of its body never comes: the connection is cut at the body timeout, and nothing
+    more is written on it (a keep-alive client would take a second answer for its next).
+    The idle timeout is longer here, so that it is the body timeout that ends it."""
+    settings = ServerSettings(body_timeout=TIMEOUT, keep_alive_timeout=5.0)
+    bucket = make_s3_bucket(seaweed.endpoint)
+    with served_node(bucket, "early", settings) as early, connect(early.public_port) as sock:
+        sock.sendall(
+            b"POST /cells/Nope/x/m HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{}"
+        )
+        first = read_answer(sock)
+        rest = read_until_closed(sock)
+    assert answer(first)[0] == 404
+    assert rest == b""
