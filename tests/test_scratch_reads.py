@@ -44,11 +44,24 @@ class Needy(CellActor):
         return True
 
 
+class Ticker(CellActor):
+    """A cell whose ``on_activate`` sets an alarm: only a cell that exists can keep it."""
+
+    def on_activate(self) -> None:
+        if self.get_alarm() is None:
+            self.set_alarm(self.now() + 3600)
+
+    @read_only
+    def due(self) -> float | None:
+        return self.get_alarm()
+
+
 @pytest.fixture
 def node(sw_bucket: S3Bucket) -> Iterator[Node]:
     n = make_node(sw_bucket, "scratch")
     n.register(Shelf)
     n.register(Needy)
+    n.register(Ticker)
     yield n
     n.stop()
 
@@ -113,7 +126,7 @@ def test_a_cell_whose_activation_needs_the_node_is_activated_for_real(
     assert cell_objects(sw_bucket, "Needy:n") != []
 
 
-def test_a_scratch_read_starts_no_thread(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scratch_read_starts_no_thread_of_the_cell(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str] = []
     start = threading.Thread.start
 
@@ -125,3 +138,12 @@ def test_a_scratch_read_starts_no_thread(node: Node, monkeypatch: pytest.MonkeyP
     assert node.call("Shelf", "threadless", "count") == 0
     monkeypatch.undo()
     assert [n for n in started if n.startswith("Shelf-")] == []
+
+
+def test_a_cell_whose_activation_sets_an_alarm_is_created_by_a_read(
+    node: Node, sw_bucket: S3Bucket
+) -> None:
+    """Its alarm must fire whether or not anybody writes: a scratch copy would drop it."""
+    assert node.call("Ticker", "t", "due") is not None
+    assert cell_objects(sw_bucket, "Ticker:t") != []
+    assert [o.key for o in sw_bucket.list("wake/") if "Ticker:t" in o.key] != []

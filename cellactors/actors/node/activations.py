@@ -1,10 +1,9 @@
 """The activation catalogue: every cell this node holds, in one place, under one lock.
 
-A cell here is in one of four states: *activating or active* (a :class:`CellHost`: its
-ownership actor acquires and restores it, then the host holds the open cell), *closing*
-(being released or hibernated; a new activation waits for it), *dormant* (hibernated: still
-owned, its file closed, nothing running; the next call resumes it with no bucket request)
-or a *local copy* (released, its file kept for a quick reactivation by this process).
+A cell here is *activating or active* (a :class:`CellHost`: its ownership actor acquires
+and restores it, then the host holds the open cell), *closing* (being released or
+hibernated; a new activation waits for it), *dormant* (hibernated: owned, file closed; the
+next call resumes it with no bucket request) or a *local copy* (released, its file kept).
 
 The catalogue starts activations, resets and gives up cells whose writes or storage failed,
 and puts idle ones away; it tells its :class:`ActivationListener` (alarms, outbox) when a
@@ -181,9 +180,9 @@ class Activations:
         timeout: float,
         vacant_ok: bool = False,
     ) -> Active:
-        """The cell open here, activating it if it is not: raises
-        :class:`~cellactors.errors.RemoteOwner` (a cached route) or the activation's error
-        (with ``vacant_ok``, ``CellVacant`` for a cell never created, left uncreated)."""
+        """The cell open here, activating it if it is not: raises ``RemoteOwner`` (a cached
+        route) or the activation's error (``CellVacant`` for a cell never created, with
+        ``vacant_ok``: it stays uncreated; without, a read's such try is waited out)."""
         inline = False
         with self.lock:
             status = self._status()
@@ -196,28 +195,31 @@ class Activations:
                     raise RemoteOwner(route.node, route.addr, route.generation)
                 host = CellHost(cell_id, cls)
                 self._hosts[cell_id] = host
-                # A hibernated cell wakes from its own file with no bucket request: in this
-                # thread, sparing a thread start. Anything else activates in a thread of its
-                # own, so that a slow store cannot keep the caller past its timeout.
+                # A hibernated cell wakes from its file (no bucket request) in this thread;
+                # others in their own, so a slow store cannot keep the caller past its timeout.
                 inline = cell_id in self._dormant
                 if not inline:
                     run = functools.partial(self._run, host, forwarded, vacant_ok)
                     threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}").start()
         if inline:
             self._run(host, forwarded)
-        return host.wait(timeout)
+        try:
+            return host.wait(timeout)
+        except CellVacant:
+            if vacant_ok:
+                raise
+            return self.activate(cell_id, cls, forwarded, timeout)  # joined a read's try
 
     def _run(self, host: CellHost, forwarded: bool, vacant_ok: bool = False) -> None:
         cell_id = host.cell_id
-        closing = self._closing.get(cell_id)
-        if closing is not None:
+        if (closing := self._closing.get(cell_id)) is not None:
             closing.wait(self.settings.op_deadline)
         own: pykka.ActorRef[Any] | None = None
         try:
             own, host.active = self._start_ownership(host)
             host.ownership = own
             if host.active is None:
-                place = functools.partial(self.placement.place, forwarded)
+                place = functools.partial(self.placement.place, forwarded)  # asked if free
                 outcome = ask_method(own, "acquire", place, vacant_ok).get()
                 if isinstance(outcome, acquire.Vacant):
                     raise CellVacant(cell_id)

@@ -245,14 +245,12 @@ class CallRunner:
             left = max(0.1, deadline - time.monotonic())
             try:
                 active = self.host.activations.activate(cell_id, cls, forwarded, left, vacant_ok)
-            except CellVacant:
-                vacant_ok = False  # next time, activate (a write waited on a read's try)
-                if method in cls.read_only_methods():
-                    read, result = read_vacant(
-                        cls, cell_id, invoke_message(), self.host.clock, left
-                    )
-                    if read:
-                        return result
+            except CellVacant:  # only a read asks: answer it from scratch, creating nothing
+                vacant_ok = False  # or, if the scratch copy will not do, activate for real
+                read, result = read_vacant(cls, cell_id, invoke_message(), self.host.clock, left)
+                if read:
+                    self.may_send_answer()
+                    return result
                 continue
             invoke = invoke_message()
             try:

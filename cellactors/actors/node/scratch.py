@@ -20,6 +20,7 @@ from cellactors.actors.cell_runtime import CellRuntime
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke
 from cellactors.clock import RuntimeClock
+from cellactors.core.alarms import wake_keys
 from cellactors.persistence.celldb.database import CellDatabase
 
 
@@ -42,10 +43,11 @@ def read_vacant(
     cls: type[CellActor], cell_id: str, invoke: Invoke, clock: RuntimeClock, timeout: float
 ) -> tuple[bool, Any]:
     """Run ``invoke`` (a read-only call) on a scratch activation of ``cls``: (True, its
-    answer), or its error raised. (False, None) when the scratch cell could not open
-    (``on_activate`` raised, or needs what only a real activation has, such as calling
-    other cells): the call is then for a real activation, which reports such a failure as
-    it always does."""
+    answer), or its error raised. (False, None) when the cell needs a real activation:
+    its ``on_activate`` raised (or needs what only a node gives, such as calling other
+    cells), or it set an alarm or sent a message, which only a cell that exists keeps and
+    fires. The call then activates the cell for real, which reports such a failure as it
+    always does."""
     database = CellDatabase(":memory:")
     runtime = CellRuntime(
         cell_id=cell_id,
@@ -59,14 +61,15 @@ def read_vacant(
     actor = cls.start_unopened()
     try:
         try:
-            actor.open_here(runtime)
+            state = actor.open_here(runtime)
         except Exception:
             return False, None
-        # Run right here when it may (the cell is idle: it always is), as a quick read of a
-        # live cell does; so the scratch cell never starts a thread of its own.
+        if wake_keys(state):
+            return False, None
+        # Right here: the scratch cell is idle and open, so it never starts a thread.
         run_inline = runtime.run_inline
         if run_inline is None or not run_inline(invoke):
-            actor.actor_ref.tell(invoke)
+            return False, None
         return True, invoke.reply.get(timeout=timeout)
     finally:
         actor.actor_ref.stop(block=False)
