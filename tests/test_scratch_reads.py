@@ -126,7 +126,9 @@ def test_a_cell_whose_activation_needs_the_node_is_activated_for_real(
     assert cell_objects(sw_bucket, "Needy:n") != []
 
 
-def test_a_scratch_read_starts_no_thread_of_the_cell(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scratch_read_starts_no_thread_of_the_cell(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     started: list[str] = []
     start = threading.Thread.start
 

@@ -278,7 +278,7 @@ class CellExecutor:
             rt.database.check_usable()
             try:
                 recorded = rt.database.calls.lookup(
-                    scoped_key(msg.key, msg.caller), msg.retention, rt.clock.now_ms()
+                    scoped_key(msg.key, msg.caller, msg.chain), msg.retention, rt.clock.now_ms()
                 )
             except Exception as err:
                 fault = rt.database.storage_fault(err)
@@ -327,7 +327,7 @@ class CellExecutor:
         outcome = Outcome(reply)
         key = call.key if call is not None else None
         if key is not None and call is not None:
-            key = scoped_key(key, call.caller)  # two callers' equal keys never meet
+            key = scoped_key(key, call.caller, call.chain)  # callers' keys never meet
         encoded = b""
 
         def check(result: Any) -> None:

@@ -17,6 +17,9 @@ from typing import Any
 #: a header and are stored with outbox messages).
 _NAME_RE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 MAX_ROLES = 64
+#: The header form of a principal must fit well inside a request head (32 KiB by default),
+#: or its calls would be refused (431) only when forwarded.
+MAX_ENCODED = 4096
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Principal:
         for role in self.roles:
             if not isinstance(role, str) or not _NAME_RE.fullmatch(role):
                 raise ValueError(f"invalid role {str(role)[:40]!r}")
+        if len(encode(self)) > MAX_ENCODED:
+            raise ValueError(f"a principal is at most {MAX_ENCODED} bytes as a header")
 
     def has_any(self, roles: frozenset[str]) -> bool:
         """Whether this principal holds at least one of ``roles``."""
@@ -70,9 +75,11 @@ def decode(text: str | None) -> Principal | None:
         raise ValueError(f"malformed principal: {e}") from None
 
 
-def scoped_key(key: str, caller: Principal | None) -> str:
-    """The idempotency key as the cell records it: scoped by the caller, so two callers'
-    equal keys never meet (an anonymous caller's key is recorded as given)."""
-    if caller is None:
+def scoped_key(key: str, caller: Principal | None, chain: tuple[str, ...] = ()) -> str:
+    """The idempotency key as the cell records it. A client's key (a call with no
+    ``chain`` of waiting cells) is scoped by its caller, so two callers' equal keys never
+    meet; a key a cell chose for a call to another cell (or an anonymous caller's) is
+    recorded as given, whoever started the chain."""
+    if caller is None or chain:
         return key
     return f"{key}\x1f{caller.name}"

@@ -30,7 +30,7 @@ from cellactors.errors import (
     StaleRoute,
     UnsupportedMediaType,
 )
-from cellactors.persistence.celldb.calls import CALLS_TABLE
+from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL
 from cellactors.server import cors, forward
 from cellactors.server.auth.admission import admit_call, admit_role
 from cellactors.server.feed import FeedRoute
@@ -52,8 +52,10 @@ from cellactors.wire.unsent import NOT_SENT
 
 log = logging.getLogger("cellactors.server")
 
-#: Tables of a cell's feed only an ``admin`` reads: the call log of idempotency keys.
-HIDDEN_TABLES = frozenset({CALLS_TABLE})
+#: Tables of a cell's feed only an ``admin`` reads: the runtime's own (the call log of every
+#: caller's idempotency keys, the outbox and dead letters with the callers they carry, the
+#: alarm).
+HIDDEN_TABLES = frozenset(RUNTIME_SQL)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class _PublicCore(Core):
             caller = admit_role(auth, FEED_ROLE, request.headers, "read the change feed")
         except CallError as e:
             return self.error(e, codec.encoding_for(request.headers.get("accept")))
-        # The call log holds every caller's idempotency keys: for operators only.
+        # The runtime's tables hold every caller's keys and names: for operators only.
         sees_keys = auth.open or (caller is not None and ADMIN_ROLE in caller.roles)
         return await self.feed.handle(request, frozenset() if sees_keys else HIDDEN_TABLES)
 

@@ -71,6 +71,14 @@ def test_a_principal_travels_as_compact_json_and_scopes_keys() -> None:
     assert principal.encode(None) == "" and principal.decode("") is None
     assert principal.scoped_key("k1", None) == "k1"
     assert principal.scoped_key("k1", ALICE) != principal.scoped_key("k1", ROOT)
+    # A key a cell chose for its call to another cell is the app's, whoever started it.
+    assert (
+        principal.scoped_key("k1", ALICE, ("A:a",))
+        == "k1"
+        == principal.scoped_key("k1", ROOT, ("A:b",))
+    )
+    with pytest.raises(ValueError, match="bytes"):  # it could not be forwarded
+        Principal("x", frozenset(f"role-{i:03d}-" + "é" * 200 for i in range(64)))
     for bad in ('{"name": ""}', '{"name": "a\\n"}', '{"name": "a", "roles": "x"}', "[1]", "{"):
         with pytest.raises(ValueError):
             principal.decode(bad)

@@ -167,3 +167,16 @@ def test_an_open_listener_beyond_loopback_is_refused_unless_on_purpose(tmp_path:
     path = tmp_path / "keys.json"
     write_keys(path, {ALICE_KEY: {"principal": "alice"}})
     check_exposure(Authentication([ApiKeys(path)]), "0.0.0.0", False)
+
+
+def test_an_apps_own_scheme_may_read_a_header_of_its_own() -> None:
+    """A gateway that authenticates and passes the user in its own header: the hook is
+    asked even when no Authorization header was sent."""
+
+    def gateway(headers: Any) -> Principal | None:
+        user = headers.get("x-user")
+        return Principal(user) if user else None
+
+    auth = Authentication([HookScheme(gateway, "app:gateway")])
+    assert auth.authenticate({"x-user": "carol"}) == Principal("carol")
+    assert auth.authenticate({}) is None

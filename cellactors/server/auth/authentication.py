@@ -71,15 +71,18 @@ class Authentication:
         return ", ".join(s.name for s in self.schemes) or "none (open)"
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal | None:
-        """The caller's principal; None for an anonymous request (no credential) or on an
-        open node; :class:`Unauthenticated` for a credential no scheme accepts."""
-        if self.open or "authorization" not in headers:
+        """The caller's principal; None for an anonymous request or on an open node;
+        :class:`Unauthenticated` for an ``Authorization`` no scheme accepts. Every scheme
+        is asked, with or without that header: an app's own may read others."""
+        if self.open:
             return None
         for scheme in self.schemes:
             principal = scheme.authenticate(headers)
             if principal is not None:
                 return principal
-        raise Unauthenticated("the credential is not valid (unknown key or token)")
+        if "authorization" in headers:
+            raise Unauthenticated("the credential is not valid (unknown key or token)")
+        return None
 
 
 def check_exposure(auth: Authentication, public_host: str, allow_anonymous: bool) -> None:
