@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -134,3 +135,19 @@ def test_a_node_that_does_not_own_the_sender_points_to_its_owner(
         listed = cli(bucket, seaweed, other.internal, "list")  # follows to the owner
         assert listed.exit_code == 0, listed.output
         assert [json.loads(line)["id"] for line in listed.output.splitlines()] == [sent]
+
+
+def test_the_command_signs_with_the_nodes_keyring_when_they_use_one(
+    sw_bucket: S3Bucket, seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """Nodes given --peer-key-file write no fleet key to the bucket: the command signs with
+    the same keyring, given as the same flag."""
+    ring = tmp_path / "peer.keys"
+    ring.write_text(KEY.hex() + "\n")
+    with served_node(sw_bucket, "nk", classes=[Payer], outbox_max_attempts=2) as served:
+        letter = typo(served)
+        without = cli(sw_bucket, seaweed, served.internal, "list")
+        assert without.exit_code != 0 and "no fleet key" in without.output
+        listed = cli(sw_bucket, seaweed, served.internal, "list", "--peer-key-file", str(ring))
+        assert listed.exit_code == 0, listed.output
+        assert [json.loads(line)["id"] for line in listed.output.splitlines()] == [letter]

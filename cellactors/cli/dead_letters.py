@@ -11,7 +11,7 @@ line; ``retry`` and ``purge`` print the ids they moved or deleted, one per line.
 from __future__ import annotations
 
 import json
-import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +27,8 @@ from cellactors.server import signing
 NODE_ENV = "CELLACTORS_NODE_URL"
 #: The source the command signs as (a label: the node checks the signature, not the name).
 SOURCE = "operator"
+#: Where the --peer-key-file option leaves its value in the click context.
+PEER_KEY_META = "cellactors.peer_key_file"
 
 
 def _node_option(f: Any) -> Any:
@@ -41,6 +43,17 @@ def _node_option(f: Any) -> Any:
     )(f)
     f = click.option(
         "--cell", "cell_id", required=True, metavar="CLASS:NAME", help="The sending cell."
+    )(f)
+    f = click.option(
+        "--peer-key-file",
+        envvar=PEER_KEY_FILE_ENV,
+        show_envvar=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        expose_value=False,  # kept in the context: only the signing key needs it
+        callback=lambda ctx, _param, value: ctx.meta.__setitem__(PEER_KEY_META, value),
+        help="The nodes' peer keyring (serve --peer-key-file): sign with its first key "
+        "instead of the fleet key in the bucket.",
     )(f)
     return click.option(
         "--timeout",
@@ -200,16 +213,19 @@ def _decoded(resp: httpx.Response) -> dict[str, Any]:
 
 
 def _fleet_key(store: StoreArgs) -> bytes:
-    """The key nodes accept: the signing key of the keyring file ``CELLACTORS_PEER_KEY_FILE``
-    names, as the nodes' ``--peer-key-file``; else the fleet key from the bucket (read only)."""
+    """The key nodes accept: the first key of the keyring ``--peer-key-file`` names (the
+    nodes' own flag and variable); else the fleet key from the bucket (read only)."""
     from cellactors.persistence.control.peer_auth import read_peer_key
 
-    keyring = os.environ.get(PEER_KEY_FILE_ENV)
-    if keyring:
-        from cellactors.server.peer_keys import keyring_file
+    context = click.get_current_context(silent=True)
+    keyring: Path | None = context.meta.get(PEER_KEY_META) if context is not None else None
+    if keyring is not None:
+        from cellactors.server.peer_keys import parse_keyring
 
         try:
-            return keyring_file(keyring)().signing
+            return parse_keyring(keyring.read_text(encoding="utf-8"), str(keyring)).signing
+        except OSError as err:
+            raise CommandFailed(f"cannot read {keyring}: {err.strerror}") from err
         except ConfigError as err:
             raise CommandFailed(str(err)) from err
 
