@@ -227,13 +227,9 @@ class NodeMetrics:
         r.register(_NodeCollector(bucket, sample))
 
     def wire_refused(self, listener: str, limit: str) -> None:
-        """Count one connection a listener cut off or refused at ``limit``."""
-        child = self._wire_refusals.get((listener, limit))
-        if child is None:
-            child = self._wire_refusals[(listener, limit)] = self.wire_refusals.labels(
-                listener, limit
-            )
-        child.inc()
+        """Count one connection a listener cut off or refused at ``limit`` (one of
+        :data:`WIRE_LIMITS`: every pair exists from the start)."""
+        self._wire_refusals[(listener, limit)].inc()
 
     def call_done(self, cls_name: str, method: str, outcome: str) -> None:
         """Count one call by its outcome (``ok`` or an error's outcome class)."""
