@@ -61,4 +61,4 @@ def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
 
 
 # Fixture modules owned by separate areas of the suite.
-pytest_plugins = ["tests.helpers.gcs", "cellactors.testing"]
+pytest_plugins = ["tests.helpers.gcs", "tests.helpers.machine_time", "cellactors.testing"]

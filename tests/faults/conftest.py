@@ -36,3 +36,7 @@ def make_fault_fleet(tmp_path: Path, seaweed: SeaweedServer) -> Iterator[MakeFau
     yield make
     for fleet in fleets:
         fleet.stop()
+        # Shown by pytest with a failing test only: each node's last warnings and errors.
+        for node in fleet.nodes:
+            worse = [line for line in node.lines() if " WARNING " in line or " ERROR " in line]
+            print(f"--- {node.node_id}: last warnings and errors", *worse[-20:], sep="\n")
