@@ -191,7 +191,10 @@ class OutboxWorkers:
                 blocked.add(pending.target)
                 failures = True
             elif outcome.letter is not None:
-                dead[pending.seq] = outcome.letter  # later ones to its target go ahead
+                # Later messages to its target go in the next round, once its burial is
+                # durable: a failover in between would otherwise retry it after them.
+                dead[pending.seq] = outcome.letter
+                blocked.add(pending.target)
             else:
                 node.metrics.outbox.labels(DELIVERED).inc()
                 delivered.append(pending.seq)
@@ -206,6 +209,8 @@ class OutboxWorkers:
                 return True, True
             for seq, letter in dead.items():
                 self._buried(cell_id, by_seq[seq], letter, worker)
+            if dead:
+                worker.kicked.set()  # the messages it held back go now
         for seq in delivered:
             worker.tries.pop(by_seq[seq].id, None)
         return len(delivered) + len(dead) < len(messages), failures
