@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -14,9 +15,12 @@ from typing import Any, Literal
 import httpx
 import pydantic
 import pytest
+from click.testing import CliRunner
+from openapi_spec_validator import validate
 from typing_extensions import TypedDict
 
 from cellactors import CellActor
+from cellactors.cli import main as cli_main
 from cellactors.errors import BadRequest
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.helpers.served import ServedNode, served_node
@@ -144,3 +148,31 @@ def test_in_process_calls_are_checked_and_answer_the_wire_form(sw_bucket: S3Buck
         assert cell.plain(x=[1]) == [[1], 2]
         with pytest.raises(BadRequest, match=r"'xs\.0'"):
             cell.containers(xs=["x"], d={})
+
+
+def test_openapi_document_is_valid_and_lists_methods_with_schemas(served: ServedNode) -> None:
+    resp = httpx.get(f"{served.public}/openapi.json", timeout=30)
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    validate(doc)
+    shapes = doc["paths"]["/cells/Typed/{name}/shapes"]["post"]
+    body = shapes["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["p", "span", "who"]
+    assert body["properties"]["p"]["title"] == "Point"
+    assert body["properties"]["p"]["required"] == ["x", "y"]
+    assert body["properties"]["span"]["properties"]["end"]["type"] == "integer"
+    assert "Error" in doc["components"]["schemas"]
+    assert "Idempotency-Key" in [p["name"] for p in shapes["parameters"]]
+    when = doc["paths"]["/cells/Typed/{name}/when"]["post"]["responses"]["200"]
+    result = when["content"]["application/json"]["schema"]["properties"]["result"]
+    assert result == {"type": "string", "format": "date-time"}
+    assert "security" not in doc  # an open node
+
+
+def test_openapi_offline_names_the_bearer_scheme() -> None:
+    out = CliRunner().invoke(cli_main, ["openapi", "--app", "tests.test_typed_methods", "--bearer"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    validate(doc)
+    assert doc["security"] == [{"bearer": []}]
+    assert "/cells/Typed/{name}/plain" in doc["paths"]
