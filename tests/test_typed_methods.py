@@ -76,6 +76,17 @@ class Typed(CellActor):
         return [x, y]
 
 
+class Caller(CellActor):
+    """Calls :class:`Typed` from inside its own method, with a bad argument."""
+
+    def call_bad(self) -> str:
+        try:
+            self.cell(Typed, "callee").containers(xs=["no"], d={})
+        except BadRequest as err:
+            return f"{err.outcome}: {err}"
+        return "ran"
+
+
 @pytest.fixture
 def served(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
     with served_node(sw_bucket, "n1", classes=[Typed]) as s:
@@ -176,3 +187,12 @@ def test_openapi_offline_names_the_bearer_scheme() -> None:
     validate(doc)
     assert doc["security"] == [{"bearer": []}]
     assert "/cells/Typed/{name}/plain" in doc["paths"]
+
+
+def test_calls_between_cells_are_checked_before_the_callee_activates(
+    sw_bucket: S3Bucket,
+) -> None:
+    with served_node(sw_bucket, "n1", classes=[Typed, Caller]) as s:
+        answer = s.node.cell(Caller, "c").call_bad()
+        assert answer.startswith("not_run: ") and "'xs.0'" in answer, answer
+        assert [o.key for o in sw_bucket.list("") if "callee" in o.key] == []
