@@ -15,6 +15,7 @@ import msgpack
 
 from cellactors.actors.channel import ReplicaChannel
 from cellactors.actors.messages import Invoke
+from cellactors.actors.typed import check_types
 from cellactors.clock import RuntimeClock, StoreClock
 from cellactors.core.principal import Principal
 from cellactors.errors import BadRequest, BadResult
@@ -98,6 +99,7 @@ def check_arguments(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[
         raise BadRequest(
             f"bad arguments for {cls.__name__}.{method}{sig_text(sig, takes_self)}: {err}"
         ) from None
+    check_types(cls, method, args, kwargs)
 
 
 def sig_text(sig: inspect.Signature, takes_self: bool) -> str:

@@ -29,6 +29,7 @@ from cellactors.actors.cell_runtime import (
 )
 from cellactors.actors.channel import Outcome
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ReadOutbox, TakeImage
+from cellactors.actors.typed import typed_method
 from cellactors.core import alarms
 from cellactors.core.principal import Principal, scoped_key
 from cellactors.errors import UNKNOWN, BadResult, KeyConflict, MethodFailed, NodeStorageFault
@@ -264,6 +265,7 @@ class CellExecutor:
             answered, digest = self._replay(msg, fn)
             if answered:
                 return
+        fn = typed_method(type(self.cell), msg.method, fn)
         self.transact(fn, msg.args, msg.kwargs, msg.reply, msg, digest)
 
     def _replay(self, msg: Invoke, fn: Any) -> tuple[bool, str]:

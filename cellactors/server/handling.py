@@ -48,6 +48,7 @@ from cellactors.errors import (
 from cellactors.server import signing
 from cellactors.server.auth.authentication import Authentication
 from cellactors.server.loop_reply import LoopReply
+from cellactors.server.openapi import build_openapi
 from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
 from cellactors.wire import codec
 
@@ -364,6 +365,11 @@ class Core:
         if method.startswith("_"):
             raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         keys.make_cell_id(cls_name, name)
+
+    def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of the served classes (public: it holds no secret)."""
+        auth = self.settings.authentication
+        return JSONResponse(build_openapi(dict(self.node.classes), authenticated=not auth.open))
 
     def healthz(self, request: Request) -> Response:
         node = self.node

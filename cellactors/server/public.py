@@ -273,6 +273,7 @@ def build_public_app(
         Route(CHANGES_ROUTE, core.admitted_changes, methods=["GET"]),
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/healthz", core.healthz, methods=["GET"]),
+        Route("/openapi.json", core.openapi, methods=["GET"]),
     ]
     middleware = [Middleware(AnswerGuard, core=core)]
     if core.settings.cors_origins:
