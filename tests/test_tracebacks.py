@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 
 import httpx
 import pytest
 
 from cellactors import CellActor, Client
 from cellactors.errors import ActivationRaised, MethodFailed
+from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.testing import Fleet
+from tests.helpers.fleet import NodeProc
 from tests.helpers.runtime import eventually
 from tests.helpers.served import served_node
 
@@ -112,3 +115,35 @@ def test_a_debug_node_sends_the_traceback_to_the_client(sw_bucket: S3Bucket) -> 
     assert info_value.exc_type == "KeyError" and "explode-line" in info_value.exc_message
     assert info_value.remote_traceback is not None
     assert "in explode" in info_value.remote_traceback
+
+
+FAULTY_APP = """
+from cellactors import CellActor
+
+
+class Faulty(CellActor):
+    def explode(self) -> int:
+        raise KeyError("explode-line")
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_serve_debug_sends_the_traceback_only_when_asked(
+    tmp_path: Path, sw_bucket: S3Bucket, seaweed: SeaweedServer, debug: bool
+) -> None:
+    """``cellactors serve --debug`` (a real process) puts the traceback in the error body;
+    without it the body has none."""
+    app = tmp_path / "faulty_app.py"
+    app.write_text(FAULTY_APP)
+    extra = ["--debug"] if debug else []
+    spec = f"s3://{sw_bucket.bucket}"
+    node = NodeProc("dbg", app, tmp_path, spec, seaweed.endpoint, extra=extra)
+    node.start()
+    try:
+        node.ready()
+        answer = httpx.post(f"{node.public_url}/cells/Faulty/a/explode", json={}, timeout=30)
+        assert answer.status_code == 422
+        trace = answer.json().get("traceback")
+        assert (trace is not None and "in explode" in trace) if debug else trace is None
+    finally:
+        node.kill()
