@@ -37,14 +37,12 @@ class StoreUnreachable(BucketError):
 
 
 class AmbiguousWrite(BucketError):
-    """A conditional write may or may not have committed (timeout, reset, 5xx).
-
-    Callers must reconcile by reading the object back, never by retrying blindly.
-    """
+    """A conditional write may or may not have committed (timeout, reset, 5xx): callers
+    reconcile by reading the object back, never by retrying blindly."""
 
 
 class InvalidCellId(ConfigError):
-    """A cell id does not match ``<Class>:<name>`` with the allowed characters."""
+    """A cell id not of the form ``<Class>:<name>`` with the allowed characters."""
 
 
 #: The call provably never started: no effect; safe to retry or re-route.
@@ -86,14 +84,13 @@ class UnknownCell(CallError):
 
 
 class UnknownMethod(UnknownCell):
-    """The class is served but has no public method by that name (a subclass of
-    :class:`UnknownCell`, so code catching that keeps working)."""
+    """The class has no public method by that name (an :class:`UnknownCell`)."""
 
     code = "unknown_method"
 
 
 class BadRequest(CallError):
-    """Invalid cell id, malformed body, or arguments that are not msgpack-serializable."""
+    """Invalid cell id, malformed body, or arguments not msgpack-serializable."""
 
     status = 400
     code = "bad_request"
@@ -101,19 +98,22 @@ class BadRequest(CallError):
 
 
 class MethodFailed(CallError):
-    """The cell's method raised; its transaction was rolled back."""
+    """The cell's method raised; its transaction was rolled back. ``remote_traceback``: the
+    node's traceback text, set only by a node in debug mode (docs/writing-a-cell.md)."""
 
     status = 422
     code = "method_failed"
     outcome = FAILED
 
-    def __init__(self, exc_type: str, message: str) -> None:
+    def __init__(self, exc_type: str, message: str, remote_traceback: str | None = None) -> None:
         super().__init__(f"{exc_type}: {message}")
         self.exc_type = exc_type
         self.exc_message = message
+        self.remote_traceback = remote_traceback
 
     def to_dict(self) -> dict[str, object]:
-        return {**super().to_dict(), "type": self.exc_type, "detail": self.exc_message}
+        more = {} if self.remote_traceback is None else {"traceback": self.remote_traceback}
+        return {**super().to_dict(), "type": self.exc_type, "detail": self.exc_message, **more}
 
 
 class NotDurable(CallError):
@@ -477,7 +477,8 @@ def error_from_answer(status: int, payload: Any) -> CallError:
         exc_type = str(payload.get("type", "Exception"))
         detail = str(payload.get("detail", ""))
         if code == MethodFailed.code:
-            return MethodFailed(exc_type, detail)
+            trace = payload.get("traceback")
+            return MethodFailed(exc_type, detail, trace if isinstance(trace, str) else None)
         raised = ActivationRaised(exc_type, detail)
         raised.args = (message,)  # the node's message names the cell
         return raised

@@ -86,7 +86,7 @@ class Fleet:
         self._server: Any = None
         self.bucket = bucket if bucket is not None else self._open_store(store)
         base = settings or NodeSettings()
-        self.settings = replace(base, lease_ttl=ttl)
+        self.settings = replace(base, lease_ttl=ttl, debug=True)  # tests see tracebacks
         self.nodes: list[Node] = []
         self._down: dict[str, str] = {}  # node id -> why it takes no calls
         self._advanced_s = 0.0  # how far advance_alarms moved the nodes' runtime clocks

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import queue
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -38,6 +39,20 @@ from cellactors.persistence.celldb.capture import TxnChanges
 from cellactors.persistence.celldb.database import ReadInterrupted, to_txn
 
 log = logging.getLogger("cellactors.actors.cell")
+#: Where an exception raised by the user's code is logged, once, with its traceback.
+cells_log = logging.getLogger("cellactors.cells")
+
+
+def user_failure(err: BaseException, what: str) -> MethodFailed:
+    """Log ``err`` (raised by user code: a method, ``on_activate``) at ERROR with its
+    traceback, and the :class:`MethodFailed` that answers it: the original as its cause and
+    the traceback as text (which a listener passes on only in debug mode)."""
+    cells_log.error("%s raised %s: %s", what, type(err).__name__, err, exc_info=err)
+    text = "".join(traceback.format_exception(err))
+    failure = MethodFailed(type(err).__name__, str(err), text)
+    failure.__cause__ = err
+    return failure
+
 
 R = TypeVar("R")
 
@@ -74,8 +89,7 @@ class CellExecutor:
             self._invoke(msg)
         except BaseException as err:  # the read-only transaction rolled back; never the
             # caller's thread (the event loop) that goes down with it
-            log.exception("read-only call %s.%s failed inline", self.cell.cell_id, msg.method)
-            failure = MethodFailed(type(err).__name__, str(err))
+            failure = user_failure(err, f"read-only call {self.cell.cell_id}.{msg.method}")
             with contextlib.suppress(queue.Full):  # unless it was answered already
                 msg.reply.set_exception((type(failure), failure, None))
 
@@ -212,12 +226,13 @@ class CellExecutor:
                     raise
                 failures = row.failures + 1
                 again = alarms.retry_at(self._alarm_policy(), failures, rt.clock.now_ms())
-                log.warning(
+                cells_log.error(
                     "on_alarm of %s failed (%d in a row): %s: %s",
                     self.cell.cell_id,
                     failures,
                     type(err).__name__,
                     err,
+                    exc_info=err,
                 )
 
                 def record() -> None:
@@ -366,9 +381,8 @@ class CellExecutor:
             if fault is not None:  # rolled back: nothing applied, nothing shipped
                 outcome.error, outcome.value = fault, None
             else:  # rolled back, reported; the original (with its traceback) as the cause
-                failure = MethodFailed(type(err).__name__, str(err))
-                failure.__cause__ = err
-                outcome.error, outcome.value = failure, None
+                what = f"{self.cell.cell_id}.{call.method if call is not None else 'on_activate'}"
+                outcome.error, outcome.value = user_failure(err, what), None
         else:
             self._commit(changes, outcome)
         rt.channel.hold(outcome)

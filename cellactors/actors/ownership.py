@@ -376,8 +376,7 @@ class OwnershipActor(PooledActor):
                 replicator.stop(block=False)
             database.discard()
             failure = _activation_error(self.cell_id, err)
-            if isinstance(failure, ActivationRaised):
-                log.error("%s", failure, exc_info=err.__cause__ or err)  # the user's frames
+            # on_activate raising was logged once, with the user's frames, by the executor
             if failure is err:
                 raise
             raise failure from err

@@ -234,6 +234,13 @@ def _startup_signals() -> Iterator[None]:
 )
 @wire_options()
 @env_option(
+    "--debug",
+    is_flag=True,
+    default=False,
+    help="Debug mode: a failed method's error answer carries the node's traceback. Never "
+    "in production: it shows your code to every caller.",
+)
+@env_option(
     "--log-level",
     default="info",
     show_default=True,
@@ -268,6 +275,7 @@ def serve(
     outbox_max_attempts: int,
     outbox_max_age: float,
     wire: dict[str, Any],
+    debug: bool,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -295,6 +303,7 @@ def serve(
         auth.check_cors()
         check_exposure(authentication, listeners.public.host, auth.allow_anonymous)
         settings = NodeSettings(
+            debug=debug,
             lease_ttl=lease_ttl,
             max_clock_skew=max_clock_skew,
             idle_timeout=idle_timeout,
@@ -378,6 +387,7 @@ def _run(
             authentication=access.authentication,
             allow_anonymous=access.allow_anonymous,
             cors_origins=access.cors_origins,
+            debug=settings.debug,
         )
         public, internal = listeners.public, listeners.internal
         code = serve_node(

@@ -189,6 +189,8 @@ class ServerSettings:
     allow_anonymous: bool = False
     #: Origins whose pages may call the public listener from a browser (CORS); none: off.
     cors_origins: tuple[str, ...] = ()
+    #: Debug mode (``serve --debug``): a failed method's answer carries its ``traceback``.
+    debug: bool = False
 
 
 def error_response(
@@ -313,6 +315,8 @@ class Core:
         return await self.run(blocking)
 
     def error(self, err: CallError, encoding: codec.Encoding, *, close: bool = False) -> Response:
+        if isinstance(err, errors.MethodFailed) and not self.settings.debug:
+            err = errors.MethodFailed(err.exc_type, err.exc_message)  # no traceback leaves
         return error_response(
             err, encoding, self.node.node_id, self.settings.retry_after_seconds, close=close
         )

@@ -25,6 +25,9 @@ class NodeSettings:
     """Tunables of a node; the defaults match docs/protocol.md."""
 
     lease_ttl: float = 10.0
+    #: Debug mode (``serve --debug``; on in ``cellactors.testing``): error answers to remote
+    #: callers carry the traceback of a failed method (docs/writing-a-cell.md).
+    debug: bool = False
     op_deadline: float = 15.0
     call_timeout: float = 30.0
     #: Idle seconds before a cell is released (passivated): ownership given up, its file kept
