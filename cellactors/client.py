@@ -40,13 +40,14 @@ earlier attempt had an unknown outcome, the error raised is
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import random
 import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 from urllib.parse import quote
 
 import httpx
@@ -67,7 +68,13 @@ from cellactors.errors import (
 from cellactors.wire import codec
 from cellactors.wire.unsent import NOT_CONNECTED, WriteWatch
 
+if TYPE_CHECKING:
+    from cellactors.actors.cell import CellActor
+
 __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
+
+#: A cell class: ``client.cell(Counter, "a")`` is typed as a ``Counter``.
+C = TypeVar("C", bound="CellActor")
 
 _MAX_BACKOFF = 2.0
 
@@ -92,21 +99,30 @@ class CellHandle:
     starting with ``_`` are reachable through :meth:`Client.invoke`.
     """
 
-    def __init__(self, client: Client, cls_name: str, name: str, key: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        cls_name: str,
+        name: str,
+        key: str | None = None,
+        cls: type[Any] | None = None,
+    ) -> None:
         self._client = client
         self._cls_name = cls_name
         self._name = name
         self._key = key
+        self._cls = cls
 
     def with_key(self, key: str) -> CellHandle:
         """A handle on the same cell whose calls carry the idempotency key ``key``."""
-        return CellHandle(self._client, self._cls_name, self._name, _check_key(key))
+        return CellHandle(self._client, self._cls_name, self._name, _check_key(key), self._cls)
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
 
-        def call(**kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs = keyword_arguments(self._cls, method, args, kwargs)
             return self._client.invoke(self._cls_name, self._name, method, kwargs, key=self._key)
 
         call.__name__ = method
@@ -157,9 +173,24 @@ class Client:
         self._start = itertools.count()
         self._start_lock = threading.Lock()
 
-    def cell(self, cls_name: str, name: str) -> CellHandle:
-        """A handle on the cell ``<cls_name>:<name>``."""
-        return CellHandle(self, cls_name, name)
+    @overload
+    def cell(self, cls: str, name: str, *, key: str | None = None) -> CellHandle: ...
+
+    @overload
+    def cell(self, cls: type[C], name: str, *, key: str | None = None) -> C: ...
+
+    def cell(self, cls: type[C] | str, name: str, *, key: str | None = None) -> C | CellHandle:
+        """A handle on the cell ``<cls>:<name>`` whose calls carry ``key`` when given.
+
+        Given the class (``client.cell(Counter, "a")``) the handle is typed as that class,
+        so mypy checks each call's arguments and result against the method's signature
+        (only its public methods are reachable; they run remotely). Given its name, the
+        handle is untyped."""
+        if key is not None:
+            _check_key(key)
+        if isinstance(cls, str):
+            return CellHandle(self, cls, name, key)
+        return cast(C, CellHandle(self, cls.__name__, name, key, cls))
 
     def call(self, cls_name: str, name: str, method: str, /, **kwargs: Any) -> Any:
         """Call ``method`` on the cell with keyword arguments (a fresh idempotency key);
@@ -395,6 +426,25 @@ def _transport_error(url: str, exc: httpx.HTTPError, watch: WriteWatch) -> CallE
         err = NotDurable(f"{base}: outcome unknown, the call may have run: {exc!r}")
     err.__cause__ = exc
     return err
+
+
+def keyword_arguments(
+    cls: type[Any] | None, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The call's arguments by name, as the wire carries them: positional ones are named
+    by the method's signature when the handle knows the class, refused otherwise."""
+    if not args:
+        return kwargs
+    func = getattr(cls, method, None) if cls is not None else None
+    if func is None:
+        raise TypeError(f"{method}() takes keyword arguments only on an untyped handle")
+    bound = inspect.signature(func).bind(None, *args, **kwargs)
+    named = dict(bound.arguments)
+    named.pop(next(iter(named)))  # self
+    for pname, param in inspect.signature(func).parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD and pname in named:
+            named.update(named.pop(pname))
+    return named
 
 
 def _quote(part: str) -> str:
