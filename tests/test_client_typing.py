@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cellactors.client import CellHandle, Client, keyword_arguments
+from cellactors.attempts import keyword_arguments
+from cellactors.client import CellHandle, Client
 from tests.helpers.cells import Counter
 
 ROOT = Path(__file__).resolve().parent.parent
