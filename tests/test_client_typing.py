@@ -15,6 +15,7 @@ from tests.helpers.cells import Counter
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD = """
+from cellactors.async_client import AsyncClient
 from cellactors.client import Client
 from tests.helpers.cells import Counter
 
@@ -22,6 +23,10 @@ from tests.helpers.cells import Counter
 def wrong(client: Client) -> None:
     client.cell(Counter, "a").increment(name=3)
     client.cell(Counter, "a").no_such_method()
+
+
+async def wrong_async(client: AsyncClient) -> str:
+    return await client.cell(Counter, "a").run(Counter.increment, name=3)
 """
 
 
@@ -48,10 +53,13 @@ def test_mypy_accepts_typed_usage_and_reports_a_wrong_argument_type(tmp_path: Pa
     lines = [line for line in run.stdout.splitlines() if ": error:" in line]
     assert not [line for line in lines if "client_usage.py" in line], run.stdout
     assert any(
-        "wrong_usage.py:7:" in line and 'Argument "name"' in line and '"int"' in line
+        "wrong_usage.py:8:" in line and 'Argument "name"' in line and '"int"' in line
         for line in lines
     ), run.stdout
-    assert any("wrong_usage.py:8:" in line and "no_such_method" in line for line in lines)
+    assert any("wrong_usage.py:9:" in line and "no_such_method" in line for line in lines)
+    assert any("wrong_usage.py:13:" in line and '"name"' in line for line in lines), run.stdout
+    # The result type is checked too: ``increment`` returns an int, not the str awaited.
+    assert any("wrong_usage.py:13:" in line and 'int], str]"' in line for line in lines)
 
 
 def test_typed_handle_names_positional_arguments_and_untyped_refuses_them() -> None:
