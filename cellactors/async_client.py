@@ -11,8 +11,8 @@ checks, name the method on a handle typed by its class:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import httpx
 
@@ -89,38 +89,13 @@ class AsyncCellHandle(Generic[C]):
         return f"<AsyncCellHandle {self._cls_name}:{self._name}{key}>"
 
 
-class AsyncClient(ClientBase):
+class AsyncClient(ClientBase[httpx.AsyncClient]):
     """Calls cells on any node of a fleet from asyncio, failing over between ``urls``;
     the arguments are those of :class:`~cellactors.client.Client` (``http`` an
     ``httpx.AsyncClient``). Use it as ``async with AsyncClient(urls) as client:``."""
 
-    def __init__(
-        self,
-        urls: Sequence[str] | str,
-        *,
-        timeout: float = 40.0,
-        connect_timeout: float = 3.0,
-        encoding: Literal["json", "msgpack"] = "json",
-        retry_for: float = 30.0,
-        max_attempts: int | None = None,
-        idempotency_keys: bool = True,
-        backoff: float = 0.1,
-        http: httpx.AsyncClient | None = None,
-        token: str | None = None,
-    ) -> None:
-        super().__init__(
-            urls,
-            encoding=encoding,
-            retry_for=retry_for,
-            max_attempts=max_attempts,
-            idempotency_keys=idempotency_keys,
-            backoff=backoff,
-            token=token,
-        )
-        self._own_http = http is None
-        self._http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout)
-        )
+    def _new_http(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout)
 
     @overload
     def cell(self, cls: str, name: str, *, key: str | None = None) -> AsyncCellHandle[Any]: ...

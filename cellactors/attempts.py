@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -68,18 +68,26 @@ def keyword_arguments(
     return named
 
 
-class ClientBase:
-    """The settings and pure helpers of a client (see :class:`cellactors.client.Client`)."""
+#: The HTTP client a client sends with: ``httpx.Client`` or ``httpx.AsyncClient``.
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+
+
+class ClientBase(Generic[H]):
+    """The settings and pure helpers of a client (see :class:`cellactors.client.Client`);
+    ``http`` is the sync or async httpx client to send with (made here when not given)."""
 
     def __init__(
         self,
         urls: Sequence[str] | str,
         *,
+        timeout: float = 40.0,
+        connect_timeout: float = 3.0,
         encoding: Literal["json", "msgpack"] = "json",
         retry_for: float = 30.0,
         max_attempts: int | None = None,
         idempotency_keys: bool = True,
         backoff: float = 0.1,
+        http: H | None = None,
         token: str | None = None,
     ) -> None:
         #: Sent as ``Authorization: Bearer <token>`` (an API key or a JWT) when given.
@@ -95,6 +103,12 @@ class ClientBase:
         self.idempotency_keys = idempotency_keys
         self._start = itertools.count()
         self._start_lock = threading.Lock()
+        self._own_http = http is None
+        self._http: H = http or self._new_http(httpx.Timeout(timeout, connect=connect_timeout))
+
+    def _new_http(self, timeout: httpx.Timeout) -> H:
+        """The httpx client to send with when none was given."""
+        raise NotImplementedError
 
     def _call(
         self,
@@ -164,7 +178,12 @@ class Call:
     after one that did not succeed (the wait before the next, or the final error)."""
 
     def __init__(
-        self, client: ClientBase, path: str, body: bytes, headers: dict[str, str], key: str | None
+        self,
+        client: ClientBase[Any],
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        key: str | None,
     ) -> None:
         self.client = client
         self.path = path
@@ -207,7 +226,13 @@ class Feed:
     changes are new, and what a failed request means (see ``Client.changes``)."""
 
     def __init__(
-        self, client: ClientBase, cls_name: str, name: str, after: int, follow: bool, wait: float
+        self,
+        client: ClientBase[Any],
+        cls_name: str,
+        name: str,
+        after: int,
+        follow: bool,
+        wait: float,
     ) -> None:
         self.client = client
         self.pos = after

@@ -41,8 +41,8 @@ earlier attempt had an unknown outcome, the error raised is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import httpx
 
@@ -111,7 +111,7 @@ class CellHandle:
         return f"<CellHandle {self._cls_name}:{self._name}{key}>"
 
 
-class Client(ClientBase):
+class Client(ClientBase[httpx.Client]):
     """Calls cells on any node of a fleet, failing over between ``urls``.
 
     ``idempotency_keys=False`` sends no key unless one is given explicitly; calls without a
@@ -121,31 +121,8 @@ class Client(ClientBase):
     delay in seconds (doubling, with jitter, up to 2 s).
     """
 
-    def __init__(
-        self,
-        urls: Sequence[str] | str,
-        *,
-        timeout: float = 40.0,
-        connect_timeout: float = 3.0,
-        encoding: Literal["json", "msgpack"] = "json",
-        retry_for: float = 30.0,
-        max_attempts: int | None = None,
-        idempotency_keys: bool = True,
-        backoff: float = 0.1,
-        http: httpx.Client | None = None,
-        token: str | None = None,
-    ) -> None:
-        super().__init__(
-            urls,
-            encoding=encoding,
-            retry_for=retry_for,
-            max_attempts=max_attempts,
-            idempotency_keys=idempotency_keys,
-            backoff=backoff,
-            token=token,
-        )
-        self._own_http = http is None
-        self._http = http or httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
+    def _new_http(self, timeout: httpx.Timeout) -> httpx.Client:
+        return httpx.Client(timeout=timeout)
 
     @overload
     def cell(self, cls: str, name: str, *, key: str | None = None) -> CellHandle: ...
