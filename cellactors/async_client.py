@@ -19,9 +19,9 @@ import httpx
 from cellactors.attempts import (
     ClientBase,
     FeedRetry,
+    HandleBase,
     arecords,
     check_key,
-    keyword_arguments,
     post_error,
 )
 from cellactors.core.changes import Change
@@ -38,23 +38,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class AsyncCellHandle(Generic[C]):
+class AsyncCellHandle(HandleBase["AsyncClient"], Generic[C]):
     """One cell: ``await handle.increment(by=1)`` (untyped), or the typed
     ``await handle.run(Counter.increment, by=1)``; :meth:`with_key` as on the sync handle."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        cls_name: str,
-        name: str,
-        key: str | None = None,
-        cls: type[C] | None = None,
-    ) -> None:
-        self._client = client
-        self._cls_name = cls_name
-        self._name = name
-        self._key = key
-        self._cls = cls
 
     def with_key(self, key: str) -> AsyncCellHandle[C]:
         """A handle on the same cell whose calls carry the idempotency key ``key``."""
@@ -65,10 +51,8 @@ class AsyncCellHandle(Generic[C]):
     ) -> R:
         """Call ``method`` (a method of the handle's class) on the cell; mypy checks the
         arguments and the result against its signature."""
-        named = keyword_arguments(self._cls, method.__name__, args, dict(kwargs))
-        result: R = await self._client.invoke(
-            self._cls_name, self._name, method.__name__, named, key=self._key
-        )
+        call_args = self._call_args(method.__name__, args, dict(kwargs))
+        result: R = await self._client.invoke(*call_args, key=self._key)
         return result
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
@@ -76,17 +60,10 @@ class AsyncCellHandle(Generic[C]):
             raise AttributeError(method)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            named = keyword_arguments(self._cls, method, args, kwargs)
-            return await self._client.invoke(
-                self._cls_name, self._name, method, named, key=self._key
-            )
+            return await self._client.invoke(*self._call_args(method, args, kwargs), key=self._key)
 
         call.__name__ = method
         return call
-
-    def __repr__(self) -> str:
-        key = f" key={self._key}" if self._key is not None else ""
-        return f"<AsyncCellHandle {self._cls_name}:{self._name}{key}>"
 
 
 class AsyncClient(ClientBase[httpx.AsyncClient]):

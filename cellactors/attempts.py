@@ -72,6 +72,32 @@ def keyword_arguments(
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
 
+K = TypeVar("K")
+
+
+class HandleBase(Generic[K]):
+    """What a sync and an async handle on one cell share: the cell, the key its calls
+    carry, and the class (when given) that names positional arguments."""
+
+    def __init__(
+        self, client: K, cls_name: str, name: str, key: str | None = None, cls: Any = None
+    ) -> None:
+        self._client = client
+        self._cls_name = cls_name
+        self._name = name
+        self._key = key
+        self._cls = cls
+
+    def _call_args(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``invoke``'s arguments for a call of ``method`` through this handle."""
+        named = keyword_arguments(self._cls, method, args, kwargs)
+        return (self._cls_name, self._name, method, named)
+
+    def __repr__(self) -> str:
+        key = f" key={self._key}" if self._key is not None else ""
+        return f"<{type(self).__name__} {self._cls_name}:{self._name}{key}>"
+
+
 class ClientBase(Generic[H]):
     """The settings and pure helpers of a client (see :class:`cellactors.client.Client`);
     ``http`` is the sync or async httpx client to send with (made here when not given)."""

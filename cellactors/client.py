@@ -49,8 +49,8 @@ import httpx
 from cellactors.attempts import (
     ClientBase,
     FeedRetry,
+    HandleBase,
     check_key,
-    keyword_arguments,
     new_key,
     post_error,
     records,
@@ -68,7 +68,7 @@ __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 C = TypeVar("C", bound="CellActor")
 
 
-class CellHandle:
+class CellHandle(HandleBase["Client"]):
     """One cell; attribute access gives its methods: ``handle.increment(by=1)``.
 
     A handle from :meth:`with_key` sends that idempotency key with every call made through
@@ -76,20 +76,6 @@ class CellHandle:
     with :class:`~cellactors.errors.KeyConflict`). Cell methods named ``with_key`` or
     starting with ``_`` are reachable through :meth:`Client.invoke`.
     """
-
-    def __init__(
-        self,
-        client: Client,
-        cls_name: str,
-        name: str,
-        key: str | None = None,
-        cls: type[Any] | None = None,
-    ) -> None:
-        self._client = client
-        self._cls_name = cls_name
-        self._name = name
-        self._key = key
-        self._cls = cls
 
     def with_key(self, key: str) -> CellHandle:
         """A handle on the same cell whose calls carry the idempotency key ``key``."""
@@ -100,15 +86,10 @@ class CellHandle:
             raise AttributeError(method)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            kwargs = keyword_arguments(self._cls, method, args, kwargs)
-            return self._client.invoke(self._cls_name, self._name, method, kwargs, key=self._key)
+            return self._client.invoke(*self._call_args(method, args, kwargs), key=self._key)
 
         call.__name__ = method
         return call
-
-    def __repr__(self) -> str:
-        key = f" key={self._key}" if self._key is not None else ""
-        return f"<CellHandle {self._cls_name}:{self._name}{key}>"
 
 
 class Client(ClientBase[httpx.Client]):
