@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
     "CellActor",
     "Client",
     "Node",
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from cellactors.actors.access import allow, public
     from cellactors.actors.cell import CellActor, read_only
     from cellactors.actors.node import Node, NodeSettings
+    from cellactors.async_client import AsyncClient
     from cellactors.client import Client
     from cellactors.core.principal import Principal
 
@@ -38,6 +40,7 @@ _LAZY = {
     "Node": "cellactors.actors.node",
     "NodeSettings": "cellactors.actors.node",
     "Client": "cellactors.client",
+    "AsyncClient": "cellactors.async_client",
 }
 
 

@@ -40,50 +40,35 @@ earlier attempt had an unknown outcome, the error raised is
 
 from __future__ import annotations
 
-import itertools
-import random
-import threading
 import time
-import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, Literal
-from urllib.parse import quote
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import httpx
-import msgpack
 
-from cellactors.core import retries
-from cellactors.core.changes import Change
-from cellactors.core.idempotency import KEY_RULE, valid_key
-from cellactors.errors import (
-    NOT_RUN,
-    UNKNOWN,
-    BadRequest,
-    CallError,
-    NodeUnavailable,
-    NotDurable,
-    error_from_answer,
+from cellactors.attempts import (
+    ClientBase,
+    FeedRetry,
+    HandleBase,
+    check_key,
+    new_key,
+    post_error,
+    records,
 )
-from cellactors.wire import codec
-from cellactors.wire.unsent import NOT_CONNECTED, WriteWatch
+from cellactors.core.changes import Change
+from cellactors.errors import CallError, error_from_answer
+from cellactors.wire.unsent import WriteWatch
+
+if TYPE_CHECKING:
+    from cellactors.actors.cell import CellActor
 
 __all__ = ["CellHandle", "Client", "error_from_answer", "new_key"]
 
-_MAX_BACKOFF = 2.0
+#: A cell class: ``client.cell(Counter, "a")`` is typed as a ``Counter``.
+C = TypeVar("C", bound="CellActor")
 
 
-def new_key() -> str:
-    """A fresh idempotency key (32 hex characters)."""
-    return uuid.uuid4().hex
-
-
-def _check_key(key: str) -> str:
-    if not valid_key(key):
-        raise ValueError(f"invalid idempotency key {key!r}: use {KEY_RULE}")
-    return key
-
-
-class CellHandle:
+class CellHandle(HandleBase["Client"]):
     """One cell; attribute access gives its methods: ``handle.increment(by=1)``.
 
     A handle from :meth:`with_key` sends that idempotency key with every call made through
@@ -92,32 +77,22 @@ class CellHandle:
     starting with ``_`` are reachable through :meth:`Client.invoke`.
     """
 
-    def __init__(self, client: Client, cls_name: str, name: str, key: str | None = None) -> None:
-        self._client = client
-        self._cls_name = cls_name
-        self._name = name
-        self._key = key
-
     def with_key(self, key: str) -> CellHandle:
         """A handle on the same cell whose calls carry the idempotency key ``key``."""
-        return CellHandle(self._client, self._cls_name, self._name, _check_key(key))
+        return CellHandle(self._client, self._cls_name, self._name, check_key(key), self._cls)
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
 
-        def call(**kwargs: Any) -> Any:
-            return self._client.invoke(self._cls_name, self._name, method, kwargs, key=self._key)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._client.invoke(*self._call_args(method, args, kwargs), key=self._key)
 
         call.__name__ = method
         return call
 
-    def __repr__(self) -> str:
-        key = f" key={self._key}" if self._key is not None else ""
-        return f"<CellHandle {self._cls_name}:{self._name}{key}>"
 
-
-class Client:
+class Client(ClientBase[httpx.Client]):
     """Calls cells on any node of a fleet, failing over between ``urls``.
 
     ``idempotency_keys=False`` sends no key unless one is given explicitly; calls without a
@@ -127,39 +102,27 @@ class Client:
     delay in seconds (doubling, with jitter, up to 2 s).
     """
 
-    def __init__(
-        self,
-        urls: Sequence[str] | str,
-        *,
-        timeout: float = 40.0,
-        connect_timeout: float = 3.0,
-        encoding: Literal["json", "msgpack"] = "json",
-        retry_for: float = 30.0,
-        max_attempts: int | None = None,
-        idempotency_keys: bool = True,
-        backoff: float = 0.1,
-        http: httpx.Client | None = None,
-        token: str | None = None,
-    ) -> None:
-        #: Sent as ``Authorization: Bearer <token>`` (an API key or a JWT) when given.
-        self.token = token
-        self.urls = [urls] if isinstance(urls, str) else list(urls)
-        if not self.urls:
-            raise ValueError("Client needs at least one node URL")
-        self.urls = [u.rstrip("/") for u in self.urls]
-        self.encoding: codec.Encoding = encoding
-        self.retry = retries.RetryPolicy(
-            retry_for, max_attempts, backoff, max(backoff, _MAX_BACKOFF)
-        )
-        self.idempotency_keys = idempotency_keys
-        self._own_http = http is None
-        self._http = http or httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
-        self._start = itertools.count()
-        self._start_lock = threading.Lock()
+    def _new_http(self, timeout: httpx.Timeout) -> httpx.Client:
+        return httpx.Client(timeout=timeout)
 
-    def cell(self, cls_name: str, name: str) -> CellHandle:
-        """A handle on the cell ``<cls_name>:<name>``."""
-        return CellHandle(self, cls_name, name)
+    @overload
+    def cell(self, cls: str, name: str, *, key: str | None = None) -> CellHandle: ...
+
+    @overload
+    def cell(self, cls: type[C], name: str, *, key: str | None = None) -> C: ...
+
+    def cell(self, cls: type[C] | str, name: str, *, key: str | None = None) -> C | CellHandle:
+        """A handle on the cell ``<cls>:<name>`` whose calls carry ``key`` when given.
+
+        Given the class (``client.cell(Counter, "a")``) the handle is typed as that class,
+        so mypy checks each call's arguments and result against the method's signature
+        (only its public methods are reachable; they run remotely). Given its name, the
+        handle is untyped."""
+        if key is not None:
+            check_key(key)
+        if isinstance(cls, str):
+            return CellHandle(self, cls, name, key)
+        return cast(C, CellHandle(self, cls.__name__, name, key, cls))
 
     def call(self, cls_name: str, name: str, method: str, /, **kwargs: Any) -> Any:
         """Call ``method`` on the cell with keyword arguments (a fresh idempotency key);
@@ -177,58 +140,12 @@ class Client:
     ) -> Any:
         """Call ``method`` on the cell with the arguments ``kwargs``, under the idempotency
         key ``key`` (default: a fresh one, unless ``idempotency_keys=False``)."""
-        if key is not None:
-            _check_key(key)
-        elif self.idempotency_keys:
-            key = new_key()
-        return self._send(cls_name, name, method, dict(kwargs or {}), key)
-
-    def _send(
-        self, cls_name: str, name: str, method: str, kwargs: dict[str, Any], key: str | None
-    ) -> Any:
-        try:
-            body = codec.encode(kwargs, self.encoding)
-        except codec.ENCODE_ERRORS as e:
-            raise BadRequest(f"the arguments cannot be encoded as {self.encoding}: {e}") from e
-        path = "/cells/{}/{}/{}".format(*(_quote(p) for p in (cls_name, name, method)))
-        headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding], **self._auth()}
-        if key is not None:
-            headers[codec.IDEMPOTENCY_HEADER] = key
-        start = self._next_start()
-        began = time.monotonic()
-        maybe_ran = False
-        attempts = 0
+        call = self._call(cls_name, name, method, kwargs, key)
         while True:
-            base = self.urls[(start + attempts) % len(self.urls)]
-            attempts += 1
-            answer = self._post(base + path, body, headers)
-            if isinstance(answer, httpx.Response):
-                if answer.is_success:
-                    return self._result(answer)
-                err = error_from_answer(answer.status_code, self._decode_error(answer))
-            else:
-                err = answer
-            maybe_ran = maybe_ran or err.outcome == UNKNOWN
-            if not retries.may_retry(err.outcome, err.retryable, key is not None):
-                break
-            wait = self._wait(attempts, began, err)
-            if wait is None:
-                break
-            time.sleep(wait)
-        if maybe_ran and err.outcome == NOT_RUN:
-            hint = f" (idempotency key {key!r})" if key is not None else ""
-            raise NotDurable(
-                f"an earlier attempt may have run the call{hint}; the last one: {err}"
-            ) from err
-        raise err
-
-    def _next_start(self) -> int:
-        """The URL a new call (or feed) tries first: round robin over ``urls``."""
-        with self._start_lock:
-            return next(self._start) % len(self.urls)
-
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            answer = self._post(call.url(), call.body, call.headers)
+            if isinstance(answer, httpx.Response) and answer.is_success:
+                return self._result(answer)
+            time.sleep(call.failed(answer))
 
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response | CallError:
         """One attempt: the answer, or the error of a request that got none (``not_run``
@@ -237,35 +154,7 @@ class Client:
         try:
             return self._http.post(url, content=body, headers=headers, extensions={"trace": watch})
         except httpx.HTTPError as e:
-            return _transport_error(url, e, watch)
-
-    def _wait(self, attempts: int, began: float, last: CallError) -> float | None:
-        """Seconds to wait before the next attempt, or None when the retries are over: no
-        wait while trying each URL once after a node was unavailable (the next one may well
-        answer); otherwise exponential back-off with jitter, until the deadline."""
-        first_pass = attempts < len(self.urls) and isinstance(last, NodeUnavailable)
-        elapsed = time.monotonic() - began
-        return retries.next_wait(self.retry, attempts, elapsed, first_pass, random.random())
-
-    def _result(self, resp: httpx.Response) -> Any:
-        try:
-            payload = codec.decode(
-                resp.content, codec.encoding_for(resp.headers.get("content-type"))
-            )
-        except CallError:
-            payload = None
-        if not isinstance(payload, dict) or "result" not in payload:
-            err = CallError(f"unreadable success answer {resp.content[:200]!r}")
-            err.status = resp.status_code
-            err.code = "bad_answer"
-            raise err
-        return payload["result"]
-
-    def _decode_error(self, resp: httpx.Response) -> Any:
-        try:
-            return codec.decode(resp.content, codec.encoding_for(resp.headers.get("content-type")))
-        except CallError:
-            return resp.text
+            return post_error(url, e, watch)
 
     def changes(
         self,
@@ -288,52 +177,29 @@ class Client:
         ``max_attempts`` times in a row, when given). History that was collected raises
         :class:`~cellactors.errors.HistoryCollected` (its ``oldest_txid`` and
         ``snapshot_txid`` say where to start)."""
-        pos = after
-        failures = 0
-        failing_since = 0.0  # monotonic start of the current run of failures
-        start = self._next_start()
-        path = f"/cells/{_quote(cls_name)}/{_quote(name)}/changes"
-        accept = codec.CONTENT_TYPES[self.encoding]
+        feed = self._feed(cls_name, name, after, follow, wait)
         while True:
-            base = self.urls[(start + failures) % len(self.urls)]
-            params = {"after": str(pos), "wait": str(wait if follow else 0)}
             err: CallError | None = None
             try:
                 with self._http.stream(
-                    "GET", base + path, params=params, headers={"Accept": accept, **self._auth()}
+                    "GET", feed.url(), params=feed.params(), headers=feed.headers
                 ) as resp:
                     if not resp.is_success:
                         resp.read()
-                        raise _feed_error(resp.status_code, self._decode_error(resp))
-                    for record in _records(resp, self.encoding):
-                        if "error" in record:
-                            raise _feed_error(503, record)
-                        change = Change.from_wire(record)
-                        if change.txid <= pos:
-                            continue
-                        pos = change.txid
-                        start, failures = (start + failures) % len(self.urls), 0  # stay here
-                        yield change
-            except _FeedRetry as retry:
+                        raise feed.answer_error(resp)
+                    for record in records(resp, self.encoding):
+                        change = feed.change(record)
+                        if change is not None:
+                            yield change
+            except FeedRetry as retry:
                 err = retry.error
             except httpx.HTTPError as e:
-                err = NodeUnavailable(f"{base}: the feed was cut off: {e!r}")
+                err = feed.cut_off(e)
             if err is None:
-                if not follow:
+                if feed.ended():
                     return
-                # A round that ended well: stay on this node, and earlier failures do not add
-                # up (a quiet feed would otherwise give up after a few blips a day apart).
-                start, failures = (start + failures) % len(self.urls), 0
                 continue
-            if failures == 0:
-                failing_since = time.monotonic()
-            failures += 1
-            # A feed is a read: every transient failure may be tried again, on the next URL,
-            # under the same deadline as a call, counted from the first failure in a row.
-            delay = self._wait(failures, failing_since, err)
-            if delay is None:
-                raise err
-            time.sleep(delay)
+            time.sleep(feed.failed(err))
 
     def close(self) -> None:
         """Close the underlying connection pool (if this client created it)."""
@@ -345,61 +211,3 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _FeedRetry(Exception):
-    """A feed request failed in a way another try may not (``error`` says why)."""
-
-    def __init__(self, error: CallError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _feed_error(status: int, payload: Any) -> BaseException:
-    """The error a feed answer carries: transient ones are retried (on the next URL),
-    others raised as they are; ``history_collected`` keeps where to start from."""
-    err = error_from_answer(status, payload)
-    if err.outcome == NOT_RUN and err.retryable:
-        return _FeedRetry(err)
-    return err
-
-
-def _records(resp: httpx.Response, encoding: codec.Encoding) -> Iterator[dict[str, Any]]:
-    """The records of a streamed feed answer as they arrive."""
-    if encoding == "msgpack":
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        for chunk in resp.iter_bytes():
-            unpacker.feed(chunk)
-            yield from unpacker
-        return
-    for line in resp.iter_lines():
-        if line.strip():
-            yield codec.decode(line.encode("utf-8"), "json")
-
-
-def _transport_error(url: str, exc: httpx.HTTPError, watch: WriteWatch) -> CallError:
-    """The error of an attempt that got no answer. ``not_run`` (``NodeUnavailable``, tried
-    again) when the request never reached the node whole: no connection, or the write of
-    the request failed (:mod:`cellactors.wire.unsent`). Otherwise the whole request was
-    written and the connection failed after it (lost, reset, closed, timed out): the node
-    may have run the call, so the outcome is unknown (``NotDurable``)."""
-    base = url.split("/cells/", 1)[0]
-    err: CallError
-    if isinstance(exc, httpx.LocalProtocolError):
-        err = BadRequest(f"the request to {base} could not be formed: {exc!r}")
-    elif isinstance(exc, NOT_CONNECTED):
-        err = NodeUnavailable(f"{base} unreachable: {exc!r}")
-    elif watch.never_sent(exc):
-        err = NodeUnavailable(f"{base}: the connection failed before the request was sent: {exc!r}")
-    else:
-        err = NotDurable(f"{base}: outcome unknown, the call may have run: {exc!r}")
-    err.__cause__ = exc
-    return err
-
-
-def _quote(part: str) -> str:
-    # "." and ".." would be removed from the URL as dot segments: send them encoded, so the
-    # server sees (and refuses) them instead of another route.
-    if part in (".", ".."):
-        return part.replace(".", "%2E")
-    return quote(part, safe="")
