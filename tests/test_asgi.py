@@ -9,10 +9,16 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
+from cellactors import Node, NodeSettings
+from cellactors.actors.node.status import NodeStatus
+from cellactors.asgi import node_lifespan
+from cellactors.errors import NOT_RUN, UnknownMethod
 from cellactors.persistence.store.s3 import S3Bucket
 from examples.fastapi_shop import SHOP_TOKEN, build_app
+from tests.helpers.cells import Counter
 from tests.helpers.runtime import TTL
 from tests.helpers.served import KEY, _bound_socket
 
@@ -56,5 +62,25 @@ def test_routes_call_cells_and_forward_to_the_owner(sw_bucket: S3Bucket) -> None
             )
             assert generic.json() == {"result": 2}
             assert generic.headers["X-Cellactors-Node"] == "shop-a"
+
+    asyncio.run(scenario())
+
+
+def test_acell_keys_and_errors_with_their_outcome(sw_bucket: S3Bucket) -> None:
+    sock = _bound_socket()
+    port = sock.getsockname()[1]
+    settings = NodeSettings(lease_ttl=TTL, advertise=f"127.0.0.1:{port}")
+    node = Node(sw_bucket, "solo", [Counter], settings)
+
+    async def scenario() -> None:
+        async with node_lifespan(node, KEY, ("127.0.0.1", port), sock=sock) as served:
+            keyed = served.acell(Counter, "c", key="k-1")
+            assert await keyed.increment(name="x") == 1
+            assert await keyed.increment(name="x") == 1  # the same key: answered, not run again
+            assert await served.acell("Counter", "c").increment(name="x") == 2
+            with pytest.raises(UnknownMethod) as refused:
+                await served.acell(Counter, "c").no_such_method()
+            assert refused.value.outcome == NOT_RUN
+        assert node.status == NodeStatus.STOPPED  # drained and stopped with the app
 
     asyncio.run(scenario())
