@@ -86,6 +86,19 @@ class Caller(CellActor):
             return f"{err.outcome}: {err}"
         return "ran"
 
+    def send_bad(self) -> str:
+        try:
+            self.send(Typed, "callee", "containers", xs=["no"], d={})
+        except BadRequest as err:
+            return f"{err.outcome}: {err}"
+        return "sent"
+
+    def messages(self) -> int:
+        """Rows in the outbox (made with the first message, so none yet is none)."""
+        if "_cellactors_outbox" not in self.db.table_names():
+            return 0
+        return int(self.db.execute("SELECT count(*) FROM _cellactors_outbox").fetchone()[0])
+
 
 @pytest.fixture
 def served(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
@@ -196,3 +209,12 @@ def test_calls_between_cells_are_checked_before_the_callee_activates(
         answer = s.node.cell(Caller, "c").call_bad()
         assert answer.startswith("not_run: ") and "'xs.0'" in answer, answer
         assert [o.key for o in sw_bucket.list("") if "callee" in o.key] == []
+
+
+def test_a_message_with_a_bad_typed_argument_fails_its_sender_and_is_not_recorded(
+    sw_bucket: S3Bucket,
+) -> None:
+    with served_node(sw_bucket, "n1", classes=[Typed, Caller]) as s:
+        answer = s.node.cell(Caller, "c").send_bad()
+        assert answer.startswith("not_run: ") and "'xs.0'" in answer, answer
+        assert s.node.cell(Caller, "c").messages() == 0

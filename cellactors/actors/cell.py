@@ -37,7 +37,7 @@ import pykka
 import sqlite_utils
 
 from cellactors.actors.cell_gate import CellInbox, ExecGate
-from cellactors.actors.cell_runtime import CellRuntime, check_serializable
+from cellactors.actors.cell_runtime import CellRuntime, check_arguments, check_serializable
 from cellactors.actors.executor import NOT_MINE, CellExecutor
 from cellactors.actors.messages import (
     Invoke,
@@ -270,8 +270,10 @@ class CellActor(LazyThreadingActor):
         database = self._runtime_db()
         cls_name = class_name(cls)
         target = keys.make_cell_id(cls_name, name)
-        if not isinstance(cls, str) and method not in cls.exposed_methods():
-            raise BadRequest(f"{cls_name} has no public method {method!r}")
+        if not isinstance(cls, str):
+            if method not in cls.exposed_methods():
+                raise BadRequest(f"{cls_name} has no public method {method!r}")
+            check_arguments(cls, method, (), kwargs)  # a bad message fails its sender now
         check_serializable(kwargs, "message arguments")
         with database.runtime_writes() as tables:
             return tables.add_message(
