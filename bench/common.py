@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import botocore.config
 
-from cellactors import Node, NodeSettings
+from cellactors import CellActor, Node, NodeSettings
 from cellactors.actors.snapshots import SnapshotPolicy
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.embedded_keys import S3Credentials
@@ -228,9 +228,11 @@ class Env:
         node_id: str,
         *,
         snapshot_every: int | None = None,
+        classes: Sequence[type[CellActor]] = (),
         **settings: Any,
     ) -> Node:
-        """A started in-process node serving the example Counter under ``prefix``."""
+        """A started in-process node serving ``classes`` (the example Counter by default)
+        under ``prefix``."""
         from examples.counter import Counter
 
         policy = SnapshotPolicy() if snapshot_every is None else SnapshotPolicy(snapshot_every)
@@ -240,7 +242,8 @@ class Env:
             snapshots=policy,
             **settings,
         )
-        return Node(self.bucket(prefix), node_id, [Counter], node_settings).start()
+        served = list(classes) or [Counter]
+        return Node(self.bucket(prefix), node_id, served, node_settings).start()
 
 
 BENCH_KEYS = S3Credentials(ACCESS_KEY, SECRET_KEY)  # the one identity the store accepts

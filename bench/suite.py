@@ -9,7 +9,8 @@ concurrently vs bare PUT+GET pairs/s (>= 0.9x); 4 warm reads over HTTP vs a bare
 (>= 10,000); 6 activations/s (>= 200); 7 cold restore of a 1,000-batch chain (<= 0.5 s);
 8 a snapshot bounds the third restore; 9 idle node requests/s (<= 0.35); 10 failover after
 SIGKILL, TTL 3 s (<= 4 s); 13 lone write p50 on an embedded store that syncs each object vs
-one that does not (<= 2x). See docs/performance.md.
+one that does not (<= 2x); 14 a warm write and read with checked annotations vs without
+(<= 1.1x). See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from bench.common import BENCH_KEYS, REPO, Env, Row, Sizes, store_environment
 
-GROUPS = tuple(range(1, 14))
+GROUPS = tuple(range(1, 15))
 
 
 def row_ids(sizes: Sizes) -> list[str]:
@@ -42,7 +43,8 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += ["4-read-1conn", "4-read-16conn", "5-resident", "5-hibernated", "5-wake"]
     ids += ["6-activations"]
     ids += ["7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
-    return [*ids, "11-failover-history", "12-lease-under-load", "13-store-sync"]
+    ids += ["11-failover-history", "12-lease-under-load", "13-store-sync"]
+    return [*ids, "14-typed-write", "14-typed-read"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,7 +92,7 @@ def log(message: str) -> None:
 
 def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
     """Run the selected row groups; (rows, errors). A failing group is reported, not fatal."""
-    from bench import rows_calls, rows_cells, rows_fleet, rows_store
+    from bench import rows_calls, rows_cells, rows_fleet, rows_store, rows_typed
     from bench.procs import NodeProc
 
     rows: list[Row] = []
@@ -143,6 +145,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (10, rows_fleet.row10),
             (11, rows_fleet.row11),
             (13, rows_store.row13),
+            (14, rows_typed.row14),
         ):
             if number in groups:
                 group(f"row {number}", functools.partial(env_fn, env))

@@ -71,17 +71,54 @@ def bound_arguments(
         return None  # the call will fail as the method is called; nothing is recorded
 
 
+@dataclass(frozen=True)
+class _CallShape:
+    """How a call of a method binds its arguments: its signature, whether it takes the
+    instance first (a plain method does; a static or class method does not), and what the
+    common calls need without ``Signature.bind`` (pure Python, the warm call's cost): the
+    names its arguments take by position and by keyword, and the ones it requires."""
+
+    sig: inspect.Signature
+    takes_self: bool
+    positional: tuple[str, ...]  # by position, in order (none when one is positional-only)
+    keywords: frozenset[str]
+    required: frozenset[str]
+    simple: bool  # no positional-only parameter: the set checks below decide
+
+    def fits(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the call surely binds (False: let ``bind`` decide and explain)."""
+        n = len(args)
+        if not self.simple or n > len(self.positional):
+            return False
+        if not self.keywords.issuperset(kwargs):
+            return False
+        given = {*self.positional[:n], *kwargs}
+        return len(given) == n + len(kwargs) and self.required.issubset(given)
+
+
 @functools.cache
-def _call_signature(cls: type, method: str) -> tuple[inspect.Signature, bool] | None:
-    """How a call of ``cls.method`` binds its arguments: the signature and whether it takes
-    the instance first (a plain method does; a static or class method does not). None when
-    Python cannot tell (a builtin): such calls are not checked."""
+def _call_shape(cls: type, method: str) -> _CallShape | None:
+    """The shape of ``cls.method``'s calls (cached); None when Python cannot tell (a
+    builtin): such calls are not checked."""
     raw = inspect.getattr_static(cls, method, None)
     takes_self = inspect.isfunction(raw)
     try:
-        return inspect.signature(getattr(cls, method)), takes_self
+        sig = inspect.signature(getattr(cls, method))
     except (TypeError, ValueError):
         return None
+    params = list(sig.parameters.values())[1 if takes_self else 0 :]
+    kind = inspect.Parameter
+    named = (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)
+    return _CallShape(
+        sig,
+        takes_self,
+        positional=tuple(p.name for p in params if p.kind is kind.POSITIONAL_OR_KEYWORD),
+        keywords=frozenset(p.name for p in params if p.kind in named),
+        required=frozenset(
+            p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty
+        ),
+        simple=all(p.kind is not kind.POSITIONAL_ONLY for p in params),
+    )
 
 
 def check_arguments(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -89,16 +126,17 @@ def check_arguments(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[
     method's parameters (one missing, one unknown, one given twice): such a call would fail
     before the method's first line, so it is refused before the cell is activated and
     leaves nothing behind."""
-    found = _call_signature(cls, method)
-    if found is None:
+    shape = _call_shape(cls, method)
+    if shape is None:
         return
-    sig, takes_self = found
-    try:
-        sig.bind(*((None,) if takes_self else ()), *args, **kwargs)
-    except TypeError as err:
-        raise BadRequest(
-            f"bad arguments for {cls.__name__}.{method}{sig_text(sig, takes_self)}: {err}"
-        ) from None
+    if not shape.fits(args, kwargs):
+        try:
+            shape.sig.bind(*((None,) if shape.takes_self else ()), *args, **kwargs)
+        except TypeError as err:
+            raise BadRequest(
+                f"bad arguments for {cls.__name__}.{method}"
+                f"{sig_text(shape.sig, shape.takes_self)}: {err}"
+            ) from None
     check_types(cls, method, args, kwargs)
 
 

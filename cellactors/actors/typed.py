@@ -31,6 +31,13 @@ class MethodTypes:
     takes_self: bool
     params: dict[str, TypeAdapter[Any]]
     result: TypeAdapter[Any] | None
+    #: The parameters annotated with a plain scalar type, and that type: a value of exactly
+    #: that type is what pydantic would answer, so it is taken as it is (the warm-call cost).
+    exact: dict[str, type]
+    #: The result's plain scalar type, if it is one (returned as it is when it matches).
+    exact_result: type | None
+    #: The parameters' names in the order positional arguments fill them.
+    positional: tuple[str, ...]
 
     def convert(
         self, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -39,6 +46,8 @@ class MethodTypes:
         :class:`BadRequest` naming the first bad field and the type it expects."""
         if not self.params:
             return args, kwargs
+        if self._all_exact(args, kwargs):
+            return args, kwargs
         lead = (None,) if self.takes_self else ()
         try:
             bound = self.signature.bind(*lead, *args, **kwargs)
@@ -46,6 +55,8 @@ class MethodTypes:
             return args, kwargs  # check_arguments answers a call that does not bind
         for name, adapter in self.params.items():
             if name not in bound.arguments:
+                continue
+            if type(bound.arguments[name]) is self.exact.get(name):
                 continue
             try:
                 bound.arguments[name] = adapter.validate_python(bound.arguments[name])
@@ -58,10 +69,26 @@ class MethodTypes:
                 ) from None
         return bound.args[len(lead) :], bound.kwargs
 
+    def _all_exact(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether every checked argument already has its scalar annotation's exact type,
+        so validation would answer it unchanged (plain loops: this is on every call)."""
+        exact = self.exact
+        if len(exact) != len(self.params) or len(args) > len(self.positional):
+            return False
+        for name, value in zip(self.positional, args, strict=False):
+            want = exact.get(name)
+            if want is not None and type(value) is not want:
+                return False
+        for name, value in kwargs.items():
+            want = exact.get(name)
+            if want is not None and type(value) is not want:
+                return False
+        return True
+
     def dump(self, value: Any) -> Any:
         """``value`` in its wire form by the return annotation: pydantic's Python form when
         msgpack carries it (bytes stay bytes), else its JSON form (datetimes, enums, UUIDs)."""
-        if self.result is None:
+        if self.result is None or type(value) is self.exact_result:
             return value
         try:
             plain = self.result.dump_python(value)
@@ -111,7 +138,19 @@ def method_types(cls: type, method: str) -> MethodTypes | None:
         return None  # a type pydantic cannot check (an arbitrary class): unchecked as before
     if not params and result is None:
         return None
-    return MethodTypes(sig, inspect.isfunction(raw), params, result)
+    exact = {name: hints[name] for name in params if hints[name] in _SCALARS}
+    exact_result = returns if returns in _SCALARS else None
+    takes_self = inspect.isfunction(raw)
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in sig.parameters.values() if p.kind in kinds]
+    return MethodTypes(
+        sig, takes_self, params, result, exact, exact_result, tuple(positional[takes_self:])
+    )
+
+
+#: Types whose exact instances pydantic's lax mode returns unchanged (``bool`` is not an
+#: exact ``int``, nor an ``int`` an exact ``float``: those still go through pydantic).
+_SCALARS = frozenset({str, int, float, bool, bytes})
 
 
 def check_types(cls: type, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
