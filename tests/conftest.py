@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.embedded import PORT_RANGE_ENV, SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.faults.proxy import FaultProxy
 from tests.helpers.stores import env_keys, make_s3_bucket
@@ -15,6 +15,21 @@ from tests.helpers.stores import env_keys, make_s3_bucket
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def _own_ports() -> str:
+    """This test process's own block of ports for ``free_port`` (nine blocks of 1,400 from
+    20000, below the kernel's ephemeral range that starts at 32768): two xdist workers that
+    both start servers can then never pick the same port between its check and its bind
+    (which once made one test's node answer another's calls). Assigned, not defaulted: a
+    worker inherits its controller's environment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) % 8 if worker.startswith("gw") else 8
+    low = 20000 + index * 1400
+    return f"{low}-{low + 1399}"
+
+
+os.environ[PORT_RANGE_ENV] = _own_ports()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import threading
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from cellactors import Node
+from cellactors.actors.alarms import DEPARTED_SCAN_GAP_S
 from cellactors.errors import MethodFailed, NotDurable
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
@@ -174,7 +176,10 @@ def test_released_cells_alarms_share_scans(sw_bucket: S3Bucket) -> None:
             fired = eventually(functools.partial(fired_or_false, n1, name))
             assert isinstance(fired, list)  # eventually() returns only once it is no longer False
             assert len(fired) == 1 and due[name] <= fired[0] < due[name] + 2.5
-        assert 2 <= n1.alarms.scans <= 3
+        # The start's scan, then at most one per gap over the span of the due times (0.4 s
+        # unless a loaded machine spread the five calls out): 3 in all, not 1 + 5.
+        spread = max(due.values()) - min(due.values())
+        assert 2 <= n1.alarms.scans <= 2 + math.ceil(spread / DEPARTED_SCAN_GAP_S)
     finally:
         n1.stop()
 

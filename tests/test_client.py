@@ -22,7 +22,8 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from tests.helpers.fake_node import FakeNode, Served, free_port, serving
+from cellactors.persistence.store.embedded import free_port
+from tests.helpers.fake_node import FakeNode, Served, serving
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ raw socket "node" for failures a real server does not produce on demand.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from cellactors.errors import (
     NotDurable,
     RemoteOwner,
 )
+from cellactors.persistence.store.embedded import free_port
 from cellactors.server import signing
 from tests.helpers.fake_node import (
     KEY,
@@ -434,7 +434,7 @@ def test_an_explicit_key_is_retried_even_without_automatic_keys(
 
 def test_unknown_then_not_run_is_raised_as_not_durable(served: Served) -> None:
     served.node.flaky_failures = 10
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     with (
         Client([served.public, dead], max_attempts=2, backoff=0.01) as client,
         pytest.raises(NotDurable, match="earlier attempt may have run") as info,
@@ -442,13 +442,6 @@ def test_unknown_then_not_run_is_raised_as_not_durable(served: Served) -> None:
         client.cell("Counter", "a").flaky()
     assert isinstance(info.value.__cause__, NodeUnavailable)
     assert len(served.node.calls) == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_with_key_and_invoke(served: Served) -> None:

@@ -20,6 +20,7 @@ import pytest
 from cellactors.errors import (
     RemoteOwner,
 )
+from cellactors.persistence.store.embedded import free_port
 from cellactors.server import signing
 from cellactors.server.app import ServerSettings, build_internal_app, build_public_app
 from cellactors.server.runner import FenceLatch, Runner
@@ -28,7 +29,6 @@ from tests.helpers.fake_node import (
     WAIT,
     FakeNode,
     Served,
-    free_port,
     owner_route,
     post,
     serving,

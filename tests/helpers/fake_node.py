@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -346,13 +345,6 @@ def signed_post(
             now=now,
         )
     return http.post(served.internal + path, content=body, headers=headers)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def owner_route(served: Served) -> RemoteOwner:

@@ -40,6 +40,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -110,10 +111,36 @@ def die_with_parent() -> None:
             pass
 
 
+#: ``"low-high"``: the ports :func:`free_port` picks from, instead of the kernel's choice. A
+#: port is only free between the check and the bind of whoever uses it, so processes that
+#: pick ports side by side (the test suite's workers) each get a range of their own.
+PORT_RANGE_ENV = "CELLACTORS_PORT_RANGE"
+_port_cursor: dict[str, int] = {}
+_port_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago: the kernel's choice, or the next
+    bindable port of ``CELLACTORS_PORT_RANGE`` when it is set (a port just handed out is not
+    handed out again before the range wraps)."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if not spec:
+        return _bindable(0)
+    low, _, high = spec.partition("-")
+    first, last = int(low), int(high)
+    with _port_lock:
+        for _ in range(last - first + 1):
+            port = _port_cursor.get(spec, first + os.getpid() % (last - first + 1))
+            _port_cursor[spec] = first if port >= last else port + 1
+            with contextlib.suppress(OSError):
+                return _bindable(port)
+    raise ConfigError(f"no free port in {PORT_RANGE_ENV}={spec}")
+
+
+def _bindable(port: int) -> int:
+    """``port`` (or the kernel's choice for 0) once a socket could bind it."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         return int(sock.getsockname()[1])
 
 
