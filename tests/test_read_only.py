@@ -116,7 +116,9 @@ class Reads(CellActor):
 
 @pytest.fixture
 def node(sw_bucket: S3Bucket) -> Any:
-    n = make_node(sw_bucket, "n1")
+    # A long lease: these tests race reads against put-aways, not lease renewals, and a
+    # renewal starved past TTL 5 s on a loaded machine fences the node (rightly).
+    n = make_node(sw_bucket, "n1", ttl=30.0)
     n.register(Reads)
     yield n
     n.stop()
