@@ -113,19 +113,17 @@ def _schema(adapter: Any, defs: dict[str, Any], mode: str) -> dict[str, Any]:
 
 def _wire_form(schema: Any, mode: str) -> Any:
     """``schema`` as the wire carries its values: each bytes schema (``format: binary``) as
-    JSON carries bytes (an answer always as ``{"$bytes": ...}``; an argument so, or as a
-    string, its UTF-8), and an argument's integers within the 64 bits msgpack carries
-    (a call's arguments are kept and forwarded as msgpack)."""
+    JSON carries bytes, ``{"$bytes": <base64>}`` or a string (an argument's UTF-8; in an
+    answer, when the result holds a value msgpack cannot carry, docs/writing-a-cell.md), and
+    an argument's integers within the 64 bits msgpack carries (a call's arguments are kept
+    and forwarded as msgpack)."""
     if isinstance(schema, list):
         return [_wire_form(s, mode) for s in schema]
     if not isinstance(schema, dict):
         return schema
     if schema.get("type") == "string" and schema.get("format") == "binary":
         rest = {k: v for k, v in schema.items() if k not in ("type", "format")}
-        wire = {"$ref": "#/components/schemas/Bytes"}
-        if mode == "validation":
-            return {**rest, "anyOf": [wire, {"type": "string"}]}
-        return {**rest, **wire}
+        return {**rest, "anyOf": [{"$ref": "#/components/schemas/Bytes"}, {"type": "string"}]}
     out = {k: _wire_form(v, mode) for k, v in schema.items()}
     if mode == "validation" and schema.get("type") == "integer":
         out["minimum"] = max(schema.get("minimum", _MIN_INT), _MIN_INT)

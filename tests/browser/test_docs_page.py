@@ -40,9 +40,9 @@ def test_the_page_renders_every_operation_from_this_origin_only(
             "Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_VIOLATIONS}
         )
         browser.get(f"{node.public}/docs")
-        methods = ["balance", "close", "deposit", "quote", "stamp"]
+        methods = ["balance", "close", "deposit", "quote", "receipt", "stamp"]
         WebDriverWait(browser, 30, poll_frequency=0.1).until(
-            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")) == 5
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")) == 6
         )
         paths = [
             e.text.replace("\u200b", "")
