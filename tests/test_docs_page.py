@@ -56,6 +56,7 @@ def test_the_page_and_everything_it_names_are_served_from_the_node_only(
         assert page.headers["content-type"].startswith("text/html")
         csp = page.headers["content-security-policy"]
         assert "default-src 'none'" in csp and "script-src 'self';" in csp
+        assert "frame-ancestors 'none'" in csp
         assert "unsafe" not in csp and "http" not in csp and "*" not in csp
         assert page.headers["x-content-type-options"] == "nosniff"
         refs = _Refs()
@@ -79,6 +80,7 @@ def test_the_page_and_everything_it_names_are_served_from_the_node_only(
         start = http.get(urljoin(page_url, "docs/docs.js")).text
         assert 'new URL("openapi.json", document.baseURI)' in start
         assert "validatorUrl: null" in start  # no document sent to a public validator
+        assert "queryConfigEnabled: false" in start  # no ?url= of another document
         bundle = http.get(urljoin(page_url, "docs/swagger-ui-bundle.js")).text
         assert "SwaggerUIBundle" in bundle and "sourceMappingURL" not in bundle[-200:]
 
