@@ -17,6 +17,7 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
+from click.testing import CliRunner
 from hypothesis import HealthCheck, Phase
 from openapi_spec_validator import validate
 from schemathesis import GenerationMode
@@ -26,6 +27,7 @@ from typing_extensions import TypedDict
 
 import cellactors
 from cellactors import CellActor
+from cellactors.cli import main as cli_main
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.auth import ApiKeys, Authentication
@@ -184,6 +186,10 @@ def test_an_authenticating_node_describes_its_bearer_scheme_and_refusals(
     settings = ServerSettings(authentication=Authentication([ApiKeys(path)]))
     with served_node(sw_bucket, "n1", settings, classes=[Wallet]) as node:
         doc = _document(node)  # no credential: the document is public
+        # `cellactors openapi --bearer` prints the very document, offline.
+        printed = CliRunner().invoke(cli_main, ["openapi", "--app", __name__, "--bearer"])
+        assert printed.exit_code == 0, printed.output
+        assert json.loads(printed.output) == doc
         assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
         paths = doc["paths"]
         quote = paths["/cells/Wallet/{name}/quote"]["post"]
