@@ -29,8 +29,10 @@ import cellactors
 from cellactors import CellActor
 from cellactors.cli import main as cli_main
 from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.server import handling
 from cellactors.server.app import ServerSettings
 from cellactors.server.auth import ApiKeys, Authentication
+from cellactors.server.openapi import build_openapi
 from cellactors.server.openapi_errors import CALL_ERRORS, schema_name
 from tests.helpers.served import ServedNode, served_node
 from tests.test_typed_methods import Typed
@@ -134,6 +136,23 @@ def test_every_generated_call_answers_no_5xx_and_conforms(served: ServedNode) ->
     assert [label for label, codes in answered.items() if {200, 400} <= codes] == sorted(
         op.label for op in operations
     ), answered
+
+
+def test_the_document_is_built_once_per_node(
+    served: ServedNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        built.append(1)
+        return build_openapi(*args, **kwargs)
+
+    monkeypatch.setattr(handling, "build_openapi", counted)
+    answers = [httpx.get(f"{served.public}/openapi.json", timeout=30) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3
+    assert answers[0].content == answers[2].content
+    assert answers[0].headers["content-type"] == "application/json"
+    assert len(built) == 1
 
 
 def _document(node: ServedNode, **headers: str) -> dict[str, Any]:
