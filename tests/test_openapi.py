@@ -192,6 +192,9 @@ def test_every_error_answer_is_described_with_its_code_and_outcome(served: Serve
     body = deposit["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["amount"]["maximum"] == 2**64 - 1
     assert body["required"] == ["amount"] and body["additionalProperties"] is False
+    assert body["properties"]["memo"]["default"] == ""  # a default, in its JSON form
+    mark = stamp["requestBody"]["content"]["application/json"]["schema"]["properties"]["mark"]
+    assert mark == {"enum": ["!", "?"], "type": "string", "default": "!"}
 
 
 KEYS = {"ak_user_0123456789abcdef01": {"principal": "ann", "roles": ["user"]}}

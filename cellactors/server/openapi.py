@@ -8,7 +8,10 @@ authentication, a bearer scheme (optional for ``@public`` methods). Served at
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
+
+from pydantic_core import PydanticSerializationError
 
 from cellactors.actors.access import rule_of
 from cellactors.actors.typed import method_types
@@ -91,12 +94,25 @@ def _body_schema(cls: type, method: str, defs: dict[str, Any]) -> dict[str, Any]
         props[name] = _schema(adapter, defs, "validation") if adapter is not None else {}
         if param.default is param.empty:
             required.append(name)
+        else:
+            props[name] = _with_default(props[name], param.default, adapter)
     schema: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         schema["required"] = required
     if not more:
         schema["additionalProperties"] = False
     return schema
+
+
+def _with_default(schema: dict[str, Any], default: Any, adapter: Any) -> dict[str, Any]:
+    """``schema`` naming the parameter's default in its JSON form, when it has one (an
+    object of no JSON form is left unsaid)."""
+    try:
+        value = adapter.dump_python(default, mode="json") if adapter is not None else default
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, PydanticSerializationError):
+        return schema
+    return {**schema, "default": value}
 
 
 def _schema(adapter: Any, defs: dict[str, Any], mode: str) -> dict[str, Any]:
