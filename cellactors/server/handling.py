@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable
@@ -260,6 +261,7 @@ class Core:
         self.node = node
         self.settings = settings
         self.limiter = anyio.CapacityLimiter(settings.max_concurrent_calls)
+        self._openapi: bytes | None = None  # the document, built at its first request
 
     @property
     def key(self) -> bytes:
@@ -371,9 +373,13 @@ class Core:
         keys.make_cell_id(cls_name, name)
 
     def openapi(self, request: Request) -> Response:
-        """The OpenAPI document of the served classes (public: it holds no secret)."""
-        auth = self.settings.authentication
-        return JSONResponse(build_openapi(dict(self.node.classes), authenticated=not auth.open))
+        """The OpenAPI document of the served classes (public: it holds no secret). Built
+        once: it takes milliseconds per method, on the serving loop, for anyone who asks."""
+        if self._openapi is None:
+            auth = self.settings.authentication
+            doc = build_openapi(dict(self.node.classes), authenticated=not auth.open)
+            self._openapi = json.dumps(doc, separators=(",", ":")).encode()
+        return Response(self._openapi, media_type="application/json")
 
     def healthz(self, request: Request) -> Response:
         node = self.node

@@ -1,7 +1,9 @@
 """The node's public app: ``POST /cells/{cls}/{name}/{method}`` takes calls from clients
 (run here, or forwarded, signed, to the node that owns the cell: :mod:`.forward`),
-``GET /cells/{cls}/{name}/changes`` is routed to the change feed (:mod:`.feed`), and
-``GET /healthz`` answers health checks. It has no internal route at all."""
+``GET /cells/{cls}/{name}/changes`` is routed to the change feed (:mod:`.feed`),
+``GET /openapi.json`` describes the calls and ``GET /docs`` shows that description
+(:mod:`.docs_page`), and ``GET /healthz`` answers health checks. It has no internal route
+at all."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from cellactors.errors import (
     UnsupportedMediaType,
 )
 from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL
-from cellactors.server import cors, forward
+from cellactors.server import cors, docs_page, forward
 from cellactors.server.auth.admission import admit_call, admit_role
 from cellactors.server.feed import FeedRoute
 from cellactors.server.handling import (
@@ -274,6 +276,7 @@ def build_public_app(
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route("/healthz", core.healthz, methods=["GET"]),
         Route("/openapi.json", core.openapi, methods=["GET"]),
+        *docs_page.routes(),
     ]
     middleware = [Middleware(AnswerGuard, core=core)]
     if core.settings.cors_origins:
