@@ -160,14 +160,8 @@ class Span:
     def outcome(self, error: BaseException | str | None) -> None:
         """Set ``cellactors.outcome`` (from an error, or given as its name); a call that
         did not answer its result marks the span as an error, with the error's code."""
-        name = error if isinstance(error, str) else outcome_of(error)
         self._outcome_set = True
-        self.otel.set_attribute(OUTCOME, name)
-        if name != OK:
-            code = error.code if isinstance(error, CallError) else None
-            if isinstance(error, BaseException) and code is None:
-                code = type(error).__name__
-            self.otel.set_status(Status(StatusCode.ERROR, code or name))
+        _set_outcome(self.otel, error)
 
     def context(self) -> Context | None:
         """A context whose current span is this one (None while tracing is off), to name
@@ -175,6 +169,16 @@ class Span:
         if not self.otel.get_span_context().is_valid:
             return None
         return trace.set_span_in_context(self.otel)
+
+
+def _set_outcome(otel: trace.Span, error: BaseException | str | None) -> None:
+    name = error if isinstance(error, str) else outcome_of(error)
+    otel.set_attribute(OUTCOME, name)
+    if name != OK:
+        code = error.code if isinstance(error, CallError) else None
+        if isinstance(error, BaseException) and code is None:
+            code = type(error).__name__
+        otel.set_status(Status(StatusCode.ERROR, code or name))
 
 
 class _Off(Span):
@@ -219,6 +223,26 @@ def span(
 
 
 _ATTRIBUTE = {"cell_class": CLASS, "cell_name": NAME}
+
+
+def child(name: str, **attributes: Any) -> Span:
+    """A span under the current one, or :data:`OFF` when there is none (work the runtime
+    does on its own, an activation's ``on_activate`` say, makes no trace of its own)."""
+    if _STATE.tracer is None or not trace.get_current_span().get_span_context().is_valid:
+        return OFF
+    return span(name, **attributes)
+
+
+def note(key: str, value: Any) -> None:
+    """Set an attribute (a ``cellactors.*`` name) on the current span, if any."""
+    if _STATE.tracer is not None and value is not None:
+        trace.get_current_span().set_attribute(key, value)
+
+
+def note_outcome(error: BaseException | None) -> None:
+    """Set the current span's ``cellactors.outcome`` from the answer's error (None: ok)."""
+    if _STATE.tracer is not None:
+        _set_outcome(trace.get_current_span(), error)
 
 
 def current() -> Context | None:
