@@ -247,10 +247,12 @@ def note_outcome(error: BaseException | None) -> None:
 
 def current() -> Context | None:
     """The current context, for a message to carry to the thread that handles it; None
-    while tracing is off."""
+    while tracing is off, or when no span is current (the runtime's own work, which then
+    makes no trace of its own)."""
     if _STATE.tracer is None:
         return None
-    return otel_context.get_current()
+    ctx = otel_context.get_current()
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
 def traceparent(ctx: Context | None = None) -> str:
