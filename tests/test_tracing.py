@@ -5,6 +5,7 @@ outbox and alarms in their trace, and nothing at all while tracing is off."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,7 +17,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from cellactors import CellActor
+from cellactors.core import principal
+from cellactors.core.principal import Principal
 from cellactors.errors import RemoteOwner
+from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.runtime_tables import OUTBOX_TABLE, RuntimeTables
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import forward, signing
 from cellactors.tracing import spans
@@ -369,3 +374,28 @@ def test_a_malformed_traceparent_is_ignored_not_refused(exporter: InMemorySpanEx
     with spans.span("outer") as outer:
         assert spans.traceparent().startswith("00-")
         assert outer.context() is not None
+
+
+def test_outbox_rows_carry_a_trace_and_rows_without_one_still_read() -> None:
+    conn = sqlite3.connect(":memory:")
+    tables = RuntimeTables(conn)
+    alice = Principal("alice", frozenset({"ops"}))
+    tables.add_message(1, "Counter:a", "increment", {"name": "x"}, 10, None, TRACEPARENT)
+    tables.add_message(1, "Counter:a", "increment", {"name": "y"}, 11, alice, TRACEPARENT)
+    tables.add_message(1, "Counter:a", "increment", {"name": "z"}, 12, alice)
+    tables.add_message(1, "Counter:a", "increment", {"name": "w"}, 13)
+    # A row as a node before traces wrote it: [kwargs, caller], or the kwargs alone.
+    old = calls.encode([{"name": "v"}, principal.encode(alice)])
+    conn.execute(
+        f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
+        "VALUES ('outbox.old', 1, 'Counter:a', 'increment', ?, 14)",
+        (old,),
+    )
+    got = [(m.kwargs["name"], m.caller, m.trace, m.at_ms) for m in tables.messages()]
+    assert got == [
+        ("x", None, TRACEPARENT, 10),
+        ("y", alice, TRACEPARENT, 11),
+        ("z", alice, "", 12),
+        ("w", None, "", 13),
+        ("v", alice, "", 14),
+    ]
