@@ -360,7 +360,7 @@ class AlarmDriver:
         """Run the cell's due alarm here (waking it from hibernation if need be)."""
         retry: int | None = None
         try:
-            with spans.span("cellactors.alarm", cell=cell_id, at_ms=wake.at_ms) as span:
+            with spans.span("cellactors.alarm", cell=cell_id, alarm_at_ms=wake.at_ms) as span:
                 result = self.node.fire_alarm(cell_id)
                 span.set("cellactors.alarm.result", result)
                 span.outcome(None)
