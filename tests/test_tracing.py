@@ -302,6 +302,37 @@ def test_calls_between_cells_and_outbox_deliveries_stay_in_the_callers_trace(
         node.stop()
 
 
+def test_a_call_between_cells_on_two_nodes_keeps_one_trace(
+    sw_bucket: S3Bucket, exporter: InMemorySpanExporter
+) -> None:
+    """A cell calling a cell another node owns: the signed peer request carries the
+    calling span's context, and the owner's spans are its children."""
+    classes = (Counter, Relay)
+    with (
+        served_node(sw_bucket, "n2", classes=classes) as b,
+        served_node(sw_bucket, "n1", classes=classes) as a,
+    ):
+        warm = httpx.post(f"{b.public}/cells/Counter/g/increment", json={"name": "x"}, timeout=30)
+        assert warm.status_code == 200 and warm.headers["x-cellactors-node"] == "n2"
+        exporter.clear()
+        resp = httpx.post(
+            f"{a.public}/cells/Relay/r/relay",
+            json={"name": "g"},
+            headers={"traceparent": TRACEPARENT},
+            timeout=30,
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["result"] == 2 and resp.headers["x-cellactors-node"] == "n1"
+        relay = one(exporter, "cellactors.run", cell="Relay:r")
+        out = one(exporter, "cellactors.call_cell", cell="Counter:g")
+        owner = one(exporter, "cellactors.call", cell="Counter:g")
+        inner = one(exporter, "cellactors.run", cell="Counter:g")
+    assert {trace_id(s) for s in (relay, out, owner, inner)} == {TRACE_ID}
+    assert parent_of(out) == span_id(relay)
+    assert owner.kind is SpanKind.SERVER and parent_of(owner) == span_id(out)
+    assert parent_of(inner) == span_id(owner)
+
+
 def _finished(memory: InMemorySpanExporter, name: str) -> ReadableSpan:
     found = [s for s in memory.get_finished_spans() if s.name == name]
     assert len(found) == 1
