@@ -5,6 +5,7 @@ opentelemetry-proto: no collector needed), and how the endpoint is configured.""
 from __future__ import annotations
 
 import gzip
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -119,9 +120,12 @@ def receiver() -> Iterator[Receiver]:
         server.close()
 
 
+@pytest.mark.parametrize("when", ["batched", "on_stop"])
 def test_a_served_node_exports_its_spans_over_otlp_http(
-    tmp_path: Path, sw_bucket: S3Bucket, seaweed: SeaweedServer, receiver: Receiver
+    tmp_path: Path, sw_bucket: S3Bucket, seaweed: SeaweedServer, receiver: Receiver, when: str
 ) -> None:
+    """Spans leave in batches while the node serves (every 0.1 s here), and whatever is
+    still batched leaves when it stops on SIGTERM (here nothing would leave before)."""
     app = tmp_path / "tally_app.py"
     app.write_text(APP)
     node = NodeProc(
@@ -131,7 +135,7 @@ def test_a_served_node_exports_its_spans_over_otlp_http(
         f"s3://{sw_bucket.bucket}",
         seaweed.endpoint,
         extra=["--otlp-endpoint", receiver.url],
-        env={"OTEL_BSP_SCHEDULE_DELAY": "100"},  # export every 0.1 s, not every 5 s
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100" if when == "batched" else "600000"},
     )
     node.start()
     try:
@@ -144,6 +148,10 @@ def test_a_served_node_exports_its_spans_over_otlp_http(
         )
         assert answer.status_code == 200, answer.text
         wanted = ("cellactors.call", "cellactors.run", "cellactors.commit", "cellactors.ack")
+        if when == "on_stop":
+            assert not receiver.spans
+            node.signal(signal.SIGTERM)
+            assert node.wait(30) == 0
         found = eventually(lambda: _all(receiver, wanted), timeout=20)
     finally:
         node.kill()

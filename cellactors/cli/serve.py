@@ -333,12 +333,10 @@ def serve(
     access = Access(
         authentication, auth.allow_anonymous, auth.cors_origins, internal_hosts, peer_keys
     )
-    try:
-        code = _run(store, node, classes, settings, listeners, wire, data_dir, access)
-    finally:
-        stop_tracing()  # flushes the spans still batched (not after a self-fence's exit)
+    code = _run(store, node, classes, settings, listeners, wire, data_dir, access)
     if code == EXIT_FENCED:
-        _exit_now(code)
+        _exit_now(code)  # at once: the spans still batched are not waited for
+    stop_tracing()  # flushes the spans still batched (for a few seconds at most)
     sys.exit(code)
 
 

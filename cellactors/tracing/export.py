@@ -9,6 +9,7 @@ turned on, so a node that does not trace never loads them.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,9 @@ TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_PATH = "/v1/traces"
 SERVICE_NAME = "cellactors"
+#: How long stopping waits for the spans still batched to leave (a collector that does
+#: not answer never holds a stopping node up longer).
+FLUSH_TIMEOUT_S = 5.0
 
 
 def traces_url(flag: str | None, env: Mapping[str, str] | None = None) -> str | None:
@@ -41,8 +45,9 @@ def install(url: str, node_id: str) -> Callable[[], None]:
     """Trace this process: an SDK tracer provider (``service.name`` ``cellactors``, the node
     id as ``service.instance.id`` and ``cellactors.node``) whose batch processor exports to
     ``url``, made the global provider too (so spans a cell's own code makes join the call's
-    trace). Returns the function that flushes and stops it. :class:`ConfigError` when the
-    ``otel`` extra is not installed."""
+    trace). Returns the function that stops it, flushing the spans still batched for at
+    most :data:`FLUSH_TIMEOUT_S`. :class:`ConfigError` when the ``otel`` extra is not
+    installed."""
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -69,6 +74,10 @@ def install(url: str, node_id: str) -> Callable[[], None]:
 
     def shutdown() -> None:
         spans.disable()
-        provider.shutdown()  # exports what the batch processor still holds
+        # Exports what the batch processor still holds, in a thread of its own: the SDK's
+        # own wait for an unanswering collector is far longer than a node's stop.
+        flush = threading.Thread(target=provider.shutdown, name="otel-flush", daemon=True)
+        flush.start()
+        flush.join(FLUSH_TIMEOUT_S)
 
     return shutdown
