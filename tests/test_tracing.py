@@ -298,6 +298,9 @@ def test_calls_between_cells_and_outbox_deliveries_stay_in_the_callers_trace(
         assert parent_of(delivered) == span_id(delivery)
         for span in (relay, out, inner, post, delivery, delivered):
             assert trace_id(span) == root, span.name
+        # Only a trace's own start has no parent: the runtime's own work starts none.
+        roots = [s.name for s in exporter.get_finished_spans() if s.parent is None]
+        assert roots == ["client"], roots
     finally:
         node.stop()
 

@@ -225,12 +225,15 @@ def span(
 _ATTRIBUTE = {"cell_class": CLASS, "cell_name": NAME}
 
 
-def child(name: str, **attributes: Any) -> Span:
-    """A span under the current one, or :data:`OFF` when there is none (work the runtime
-    does on its own, an activation's ``on_activate`` say, makes no trace of its own)."""
-    if _STATE.tracer is None or not trace.get_current_span().get_span_context().is_valid:
+def child(name: str, parent: Context | None = None, **attributes: Any) -> Span:
+    """A span under ``parent`` (the current span without one), or :data:`OFF` when there
+    is none: work the runtime does on its own (``on_activate``'s transaction, an activation
+    for the outbox's worker) makes no trace of its own."""
+    if _STATE.tracer is None:
         return OFF
-    return span(name, **attributes)
+    if not trace.get_current_span(parent).get_span_context().is_valid:
+        return OFF
+    return span(name, parent, **attributes)
 
 
 def note(key: str, value: Any) -> None:

@@ -201,7 +201,7 @@ class Activations:
         self, host: CellHost, forwarded: bool, vacant_ok: bool, trace: spans.Context | None
     ) -> None:
         """Activate ``host``'s cell in its span, under ``trace`` (the caller's context)."""
-        with spans.span("cellactors.activate", trace, cell=host.cell_id) as span:
+        with spans.child("cellactors.activate", trace, cell=host.cell_id) as span:
             self._start(host, forwarded, vacant_ok)
             span.outcome(host.error if isinstance(host.error, CallError) else None)
             if host.active is not None:
@@ -218,7 +218,7 @@ class Activations:
             host.ownership = own
             if host.active is None:
                 place = functools.partial(self.placement.place, forwarded)  # asked if free
-                with spans.span("cellactors.acquire", cell=cell_id):
+                with spans.child("cellactors.acquire", cell=cell_id):
                     outcome = ask_method(own, "acquire", place, vacant_ok).get()
                 if isinstance(outcome, acquire.Vacant):
                     raise CellVacant(cell_id)
@@ -232,7 +232,7 @@ class Activations:
                 with self.lock:
                     local = self._local.pop(cell_id, None)
                 prev = None if outcome.takeover else outcome.epoch - 1
-                with spans.span("cellactors.restore", cell=cell_id, epoch=outcome.epoch):
+                with spans.child("cellactors.restore", cell=cell_id, epoch=outcome.epoch):
                     host.active = ask_method(own, "activate", outcome, local, prev).get()
             self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             status = self._status()
