@@ -155,6 +155,7 @@ def test_a_call_is_traced_from_the_callers_traceparent_to_its_acknowledgement(
     txid = run.attributes[spans.TXID]
     assert isinstance(txid, int) and txid >= 1
     assert parent_of(commit) == span_id(run) and commit.attributes[spans.TXID] == txid
+    assert (call.attributes[spans.EPOCH], call.attributes[spans.TXID]) == (epoch, txid)
     assert parent_of(ack) == span_id(run)
     assert ack.attributes is not None
     assert (ack.attributes[spans.TXID], ack.attributes[spans.EPOCH]) == (txid, epoch)

@@ -302,8 +302,9 @@ class CellExecutor:
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started = True
-        with self._span(msg.trace, msg.method):
+        with self._span(msg.trace, msg.method) as span:
             self._invoke_traced(msg)
+            span.share(msg.trace, spans.EPOCH, spans.TXID)  # onto the call's span
 
     def _invoke_traced(self, msg: Invoke) -> None:
         fn = getattr(self.cell, msg.method)

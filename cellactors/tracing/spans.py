@@ -163,6 +163,18 @@ class Span:
         self._outcome_set = True
         _set_outcome(self.otel, error)
 
+    def share(self, parent: Context | None, *keys: str) -> None:
+        """Copy the attributes ``keys`` of this span onto the span ``parent`` names, when
+        that one is still recording in this process: the server span of a call learns the
+        epoch and txid its run on the cell's thread got."""
+        target = trace.get_current_span(parent) if parent is not None else None
+        own = getattr(self.otel, "attributes", None)
+        if target is None or not own or not target.is_recording():
+            return
+        for key in keys:
+            if key in own:
+                target.set_attribute(key, own[key])
+
     def context(self) -> Context | None:
         """A context whose current span is this one (None while tracing is off), to name
         as the parent of spans made in another thread."""
@@ -197,6 +209,9 @@ class _Off(Span):
         return None
 
     def outcome(self, error: BaseException | str | None) -> None:
+        return None
+
+    def share(self, parent: Context | None, *keys: str) -> None:
         return None
 
 
