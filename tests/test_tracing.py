@@ -11,12 +11,19 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    set_span_in_context,
+)
 
-from cellactors import CellActor
+from cellactors import CellActor, Client
 from cellactors.core import principal
 from cellactors.core.principal import Principal
 from cellactors.errors import RemoteOwner
@@ -163,6 +170,27 @@ def test_a_call_is_traced_from_the_callers_traceparent_to_its_acknowledgement(
     assert parent_of(put) == parent_of(reread) == span_id(ack)
     assert put.end_time is not None and reread.start_time is not None
     assert put.end_time <= reread.start_time  # the re-read follows the PUT's answer
+
+
+def test_the_python_client_sends_its_programs_trace_context(
+    sw_bucket: S3Bucket, exporter: InMemorySpanExporter
+) -> None:
+    """A traced program calling a node with :class:`Client` (OpenTelemetry's global
+    propagator) has the node's spans in its trace."""
+    caller = SpanContext(
+        int(TRACE_ID, 16), int(PARENT_ID, 16), False, TraceFlags(TraceFlags.SAMPLED)
+    )
+    with served_node(sw_bucket, "n1") as served, Client(served.public) as client:
+        token = otel_context.attach(set_span_in_context(NonRecordingSpan(caller)))
+        try:
+            assert client.call("Counter", "t", "increment", name="x") == 1
+        finally:
+            otel_context.detach(token)
+        assert client.call("Counter", "t", "increment", name="x") == 2  # outside: a new trace
+        calls = eventually(lambda: _two(named(exporter, "cellactors.call")))
+    first, second = sorted(calls, key=lambda s: s.start_time or 0)
+    assert trace_id(first) == TRACE_ID and parent_of(first) == int(PARENT_ID, 16)
+    assert trace_id(second) != TRACE_ID and second.parent is None
 
 
 def test_a_failed_call_has_its_outcome(sw_bucket: S3Bucket, exporter: InMemorySpanExporter) -> None:
