@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import httpx
 import msgpack
+from opentelemetry import propagate
 
 from cellactors.core import retries
 from cellactors.core.changes import Change
@@ -157,6 +158,9 @@ class ClientBase(Generic[H]):
         headers = {"Content-Type": codec.CONTENT_TYPES[self.encoding], **self._auth()}
         if key is not None:
             headers[codec.IDEMPOTENCY_HEADER] = key
+        # The caller's trace context, when its program traces (OpenTelemetry's global
+        # propagator: ``traceparent``), so the node's spans join its trace; nothing else.
+        propagate.inject(headers)
         return Call(self, path, body, headers, key)
 
     def _feed(self, cls_name: str, name: str, after: int, follow: bool, wait: float) -> Feed:

@@ -103,6 +103,33 @@ def test_idempotency_key_is_sent_and_signed() -> None:
         verify({**signed(), "Idempotency-Key": "order-17"})
 
 
+def test_a_trace_context_is_sent_and_signed_apart_from_the_caller() -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    headers = signed(trace=trace)
+    assert headers[signing.TRACE_HEADER] == trace
+    assert verify(headers) == "node-a"
+    other = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b8-01"
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify({**headers, signing.TRACE_HEADER: other})
+    with pytest.raises(Unauthorized, match="bad signature"):  # removed
+        verify({k: v for k, v in headers.items() if k != signing.TRACE_HEADER})
+    with pytest.raises(Unauthorized, match="bad signature"):  # added on the way
+        verify({**signed(), signing.TRACE_HEADER: trace})
+    # A trace line never passes for a caller's: moving the value between headers breaks it.
+    as_caller = signed(caller='{"name":"x"}')
+    moved = {k: v for k, v in as_caller.items() if k != signing.CALLER_HEADER}
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify({**moved, signing.TRACE_HEADER: '{"name":"x"}'})
+    # Signed with both, both count.
+    both = signed(caller='{"name":"x"}', trace=trace)
+    assert verify(both) == "node-a"
+    with pytest.raises(Unauthorized, match="bad signature"):
+        verify({k: v for k, v in both.items() if k != signing.CALLER_HEADER})
+    # Without a trace the signed message is what a node that does not trace computes.
+    plain = signing.string_to_sign("post", "/p", b"", "a", "b", "g", "1", "n", "k", "c")
+    assert signing.string_to_sign("post", "/p", b"", "a", "b", "g", "1", "n", "k", "c", "") == plain
+
+
 def test_a_request_for_another_process_generation_is_refused() -> None:
     """A restarted receiver (new generation, empty nonce cache) refuses a replay."""
     headers = signed()

@@ -42,6 +42,7 @@ from cellactors.errors import BucketError, CallError, NodeUnavailable, StaleRout
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.control.wakes import WakeStore
 from cellactors.persistence.store.bucket import Bucket
+from cellactors.tracing import spans
 
 #: The least time between two scans that departed entries (alarms of cells this node
 #: released) start: an alarm of such a cell fires within this of its time.
@@ -359,7 +360,10 @@ class AlarmDriver:
         """Run the cell's due alarm here (waking it from hibernation if need be)."""
         retry: int | None = None
         try:
-            result = self.node.fire_alarm(cell_id)
+            with spans.span("cellactors.alarm", cell=cell_id, alarm_at_ms=wake.at_ms) as span:
+                result = self.node.fire_alarm(cell_id)
+                span.set("cellactors.alarm.result", result)
+                span.outcome(None)
             if result in ("fired", "retry", "abandoned"):
                 self.node.metrics.alarms.labels(cell_id.split(":", 1)[0], result).inc()
             if result == "abandoned":

@@ -50,6 +50,7 @@ from cellactors.errors import (
     ConfigError,
 )
 from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,13 @@ class CellActor(LazyThreadingActor):
         check_serializable(kwargs, "message arguments")
         with database.runtime_writes() as tables:
             return tables.add_message(
-                rt.next_txid, target, method, dict(kwargs), rt.clock.now_ms(), self._caller
+                rt.next_txid,
+                target,
+                method,
+                dict(kwargs),
+                rt.clock.now_ms(),
+                self._caller,
+                spans.traceparent(),  # its delivery joins this call's trace
             )
 
     @classmethod
@@ -385,6 +392,16 @@ class CellActor(LazyThreadingActor):
             raise RuntimeError("a read-only method cannot call other cells")
         if rt.services is None:
             raise RuntimeError("this cell runs without a node: it cannot call other cells")
-        return rt.services.call_cell(
-            cls_name, name, method, kwargs, key=key, chain=self._chain, caller=self._caller
-        )
+        with spans.span(
+            "cellactors.call_cell",
+            kind=spans.SpanKind.CLIENT,
+            cell=f"{cls_name}:{name}",
+            cell_class=cls_name,
+            cell_name=name,
+            method=method,
+        ) as span:
+            result = rt.services.call_cell(
+                cls_name, name, method, kwargs, key=key, chain=self._chain, caller=self._caller
+            )
+            span.outcome(None)
+            return result

@@ -17,6 +17,7 @@ import pykka
 from cellactors.core.acks import AckGate, settle
 from cellactors.core.txn import Txn
 from cellactors.errors import NotDurable
+from cellactors.tracing.spans import Context
 
 
 class Outcome:
@@ -54,8 +55,12 @@ class ReplicaChannel:
         #: Per txid, what the runtime must do once that transaction is durable (the new
         #: wake state of a transaction that set an alarm or sent a message).
         self._effects: dict[int, Any] = {}
+        #: Per txid, the trace context of the call that committed it (when it traces).
+        self._traces: dict[int, Context] = {}
 
-    def commit(self, txn: Txn, effect: Any = None) -> None:
+    def commit(self, txn: Txn, effect: Any = None, trace: Context | None = None) -> None:
+        """Queue ``txn`` for the replicator, with its ``effect`` and the trace context of the
+        call that committed it (its acknowledgement's span is a child of it)."""
         with self._lock:
             if self.gate.failed is not None:
                 raise self.gate.failed
@@ -63,6 +68,8 @@ class ReplicaChannel:
             self._unshipped.append(txn)
             if effect is not None:
                 self._effects[txn.txid] = effect
+            if trace is not None:
+                self._traces[txn.txid] = trace
             self._commit_times[txn.txid] = time.monotonic()
         if self.on_commit is not None:
             try:
@@ -101,6 +108,14 @@ class ReplicaChannel:
             done = sorted(t for t in self._effects if t <= upto)
             return [self._effects.pop(t) for t in done]
 
+    def take_traces(self, upto: int) -> list[Context]:
+        """The trace contexts of transactions up to ``upto``, in txid order (removed)."""
+        with self._lock:
+            if not self._traces:
+                return []
+            done = sorted(t for t in self._traces if t <= upto)
+            return [self._traces.pop(t) for t in done]
+
     def ack(self, upto: int) -> None:
         with self._lock:
             ready = self.gate.ack(upto)
@@ -120,6 +135,7 @@ class ReplicaChannel:
             self._unshipped = []
             self._commit_times.clear()
             self._effects.clear()
+            self._traces.clear()
         for item in held:
             item.error, item.value = error, None
             item.release()

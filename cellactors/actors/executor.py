@@ -37,6 +37,7 @@ from cellactors.errors import UNKNOWN, BadResult, KeyConflict, MethodFailed, Nod
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.capture import TxnChanges
 from cellactors.persistence.celldb.database import ReadInterrupted, to_txn
+from cellactors.tracing import spans
 
 log = logging.getLogger("cellactors.actors.cell")
 #: Where an exception raised by the user's code is logged, once, with its traceback.
@@ -163,12 +164,36 @@ class CellExecutor:
         finally:
             self.cell._in_txn = False
 
+    def _span(self, parent: spans.Context | None, method: str) -> spans.Span:
+        """The span of one message run on the cell's thread (``cellactors.run``), under the
+        sender's context: the cell, method and epoch; the txid and outcome come later."""
+        if not spans.enabled():
+            return spans.OFF
+        cls_name, _, name = self.cell.cell_id.partition(":")
+        return spans.span(
+            "cellactors.run",
+            parent,
+            cell=self.cell.cell_id,
+            cell_class=cls_name,
+            cell_name=name,
+            method=method,
+            epoch=self.runtime.epoch,
+        )
+
     def _commit(self, changes: TxnChanges, outcome: Outcome) -> None:
         """Hand a committed transaction to the replicator, with its new wake state when it
         touched the alarm or the outbox; a refusal of the channel fails ``outcome``."""
-        rt = self.runtime
         if changes.empty:
             return
+        spans.note(spans.TXID, self.runtime.next_txid)
+        trace = spans.current()  # the run's: the acknowledgement's span is its child
+        with spans.child("cellactors.commit", txid=self.runtime.next_txid):
+            self._hand_over(changes, outcome, trace)
+
+    def _hand_over(
+        self, changes: TxnChanges, outcome: Outcome, trace: spans.Context | None
+    ) -> None:
+        rt = self.runtime
         try:
             effect = rt.database.tables.state() if rt.database.tables.touched else None
             image = rt.database.image() if changes.schema_changed else None
@@ -183,7 +208,7 @@ class CellExecutor:
         txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms())
         rt.next_txid += 1
         try:
-            rt.channel.commit(txn, effect)
+            rt.channel.commit(txn, effect, trace)
         except BaseException as err:
             outcome.error, outcome.value = err, None
 
@@ -191,6 +216,10 @@ class CellExecutor:
         """Run ``on_alarm`` if the alarm is due; on failure, record the retry (or drop the
         alarm after the last one) in a transaction of its own."""
         msg.started = True
+        with self._span(msg.trace, "on_alarm"):
+            self._fire_traced(msg)
+
+    def _fire_traced(self, msg: FireAlarm) -> None:
         rt = self.runtime
         outcome = Outcome(msg.reply, "not_due")
         try:
@@ -200,6 +229,7 @@ class CellExecutor:
             if fault is None:
                 raise
             outcome.error, outcome.value = fault, None
+        spans.note_outcome(outcome.error)
         rt.channel.hold(outcome)
         rt.channel.note_progress()
 
@@ -272,6 +302,11 @@ class CellExecutor:
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started = True
+        with self._span(msg.trace, msg.method) as span:
+            self._invoke_traced(msg)
+            span.share(msg.trace, spans.EPOCH, spans.TXID)  # onto the call's span
+
+    def _invoke_traced(self, msg: Invoke) -> None:
         fn = getattr(self.cell, msg.method)
         self.cell._chain = (*msg.chain, self.cell.cell_id)
         self.cell._caller = msg.caller
@@ -323,6 +358,7 @@ class CellExecutor:
                     raise
         except Exception as err:
             outcome.error, outcome.value = err, None
+        spans.note_outcome(outcome.error)
         # Like any answer, it waits for every earlier transaction (the record's included).
         rt.channel.hold(outcome)
         rt.channel.note_progress()
@@ -385,5 +421,7 @@ class CellExecutor:
                 outcome.error, outcome.value = user_failure(err, what), None
         else:
             self._commit(changes, outcome)
+        if call is not None:
+            spans.note_outcome(outcome.error)
         rt.channel.hold(outcome)
         rt.channel.note_progress()

@@ -11,6 +11,7 @@ from pykka.messages import ProxyCall, ProxyGetAttr
 
 from cellactors.core.principal import Principal
 from cellactors.persistence.celldb.calls import Retention
+from cellactors.tracing.spans import Context
 
 if TYPE_CHECKING:
     from cellactors.persistence.celldb.runtime_tables import RuntimeTables
@@ -45,6 +46,9 @@ class Invoke:
     #: ``interrupted``, to be sent again off the loop (it had no effect).
     interrupt_at: float | None = None
     interrupted: bool = False
+    #: The sender's trace context (None when it does not trace): the cell's thread runs the
+    #: call in a span under it (contextvars do not cross into that thread on their own).
+    trace: Context | None = None
 
 
 @dataclass
@@ -54,6 +58,8 @@ class FireAlarm:
 
     reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
     started: bool = False
+    #: The alarm's span on the firing thread (None when it does not trace).
+    trace: Context | None = None
 
 
 @dataclass

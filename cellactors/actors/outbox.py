@@ -47,6 +47,7 @@ from cellactors.errors import (
     UnknownCell,
 )
 from cellactors.persistence.celldb.runtime_tables import GivenUp, Message, RuntimeTables
+from cellactors.tracing import spans
 
 
 class OutboxSettings(Protocol):
@@ -97,6 +98,8 @@ class _Outcome:
 
     result: str
     letter: GivenUp | None = None
+    #: The delivery's outcome: ``ok``, or the failed one's (``not_run``, ``unknown``...).
+    outcome: str = spans.OK
 
 
 class _Worker:
@@ -231,8 +234,23 @@ class OutboxWorkers:
         )
 
     def _deliver(self, sender: str, message: Message, worker: _Worker) -> _Outcome:
-        """Deliver one message; a failure is tried again later or given up (the node's
+        """Deliver one message, in a span under the sending call's (its trace goes on
+        through the delivery); a failure is tried again later or given up (the node's
         dead-letter policy)."""
+        with spans.span(
+            "cellactors.deliver",
+            spans.parent_from(message.trace),
+            cell=message.target,
+            method=message.method,
+            sender=sender,
+            message=message.id,
+        ) as span:
+            outcome = self._deliver_traced(sender, message, worker)
+            span.set("cellactors.delivery", outcome.result)
+            span.outcome(outcome.outcome)
+            return outcome
+
+    def _deliver_traced(self, sender: str, message: Message, worker: _Worker) -> _Outcome:
         cls_name, _, name = message.target.partition(":")
         try:
             self.node.call_cell(
@@ -264,10 +282,10 @@ class OutboxWorkers:
         )
         why = give_up(policy, kind, tries.unserved, message.at_ms, now)
         if why is None:
-            return _Outcome(RETRY)
+            return _Outcome(RETRY, outcome=outcome)
         reason = f"{why}: {text}"
         return _Outcome(
-            DEAD_LETTERED, GivenUp(code, outcome, reason, tries.attempts, tries.first_ms)
+            DEAD_LETTERED, GivenUp(code, outcome, reason, tries.attempts, tries.first_ms), outcome
         )
 
 

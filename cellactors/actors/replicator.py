@@ -29,6 +29,7 @@ from cellactors.errors import BucketError, CallError, Fenced, NotDurable
 from cellactors.persistence.control.ownership import OwnerRecord, OwnershipStore
 from cellactors.persistence.history.batches import Batch, encode_batch
 from cellactors.persistence.store.bucket import Bucket
+from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +118,42 @@ class Replicator(PooledActor):
         txns = self.channel.take()
         if not txns:
             return
+        with self._span(txns) as span:
+            self._ship_batch(txns, span)
+
+    def _span(self, txns: list[Txn]) -> spans.Span:
+        """The acknowledgement's span (``cellactors.ack``): a child of the first traced call
+        of the batch, linked to the others (a batch carries the transactions of many calls);
+        none when no call of the batch traces."""
+        traces = self.channel.take_traces(txns[-1].txid)
+        if not traces:
+            return spans.OFF
+        return spans.span(
+            "cellactors.ack",
+            traces[0],
+            links=traces[1:],
+            cell=self.cell_id,
+            epoch=self.epoch,
+            txid=txns[-1].txid,
+            txid_first=txns[0].txid,
+            transactions=len(txns),
+        )
+
+    def _ship_batch(self, txns: list[Txn], span: spans.Span) -> None:
         effects = self.channel.take_effects(txns[-1].txid)
         try:
             deadline = time.monotonic() + self.deadline_s
             if effects and self.sink is not None:
                 sink = self.sink
                 self._retry(lambda: sink.before_upload(effects), deadline, "wake entry")
-            size = self._upload(txns, deadline)
+            size = self._upload(txns, deadline, span.context())
         except NotDurable as err:
             log.warning("cell %s epoch %d: %s", self.cell_id, self.epoch, err)
+            span.outcome(err)
             self.channel.fail(err)
             self.report_failure(err)
             return
+        span.outcome(None)
         self.channel.ack(txns[-1].txid)
         if effects and self.sink is not None:
             try:
@@ -149,16 +174,20 @@ class Replicator(PooledActor):
         while queued(cell) > 0 and time.monotonic() < until:
             self.channel.wait_progress(until - time.monotonic())
 
-    def _upload(self, txns: list[Txn], deadline: float) -> int:
+    def _upload(self, txns: list[Txn], deadline: float, trace: spans.Context | None) -> int:
+        """PUT the batch, then re-read ``own.json`` (each a span under ``trace``, the
+        acknowledgement's, when it traces); the batch's size."""
         batch = Batch(self.cell_id, self.epoch, txns)
         body = encode_batch(batch)
         key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
         put_done = threading.Event()
 
         def put_then_reread() -> OwnerRecord | None:
-            self.bucket.put(key, body)
+            with spans.span("cellactors.put", trace, bytes=len(body)) if trace else spans.OFF:
+                self.bucket.put(key, body)
             put_done.set()
-            return self.ownership.read_owner(self.cell_id)
+            with spans.span("cellactors.reread", trace) if trace else spans.OFF:
+                return self.ownership.read_owner(self.cell_id)
 
         try:
             # Both requests in one pool task: no hand-off back to this actor between them

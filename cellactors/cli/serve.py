@@ -241,6 +241,14 @@ def _startup_signals() -> Iterator[None]:
     "in production: it shows your code to every caller.",
 )
 @env_option(
+    "--otlp-endpoint",
+    default=None,
+    metavar="URL",
+    help="Send traces (OpenTelemetry, OTLP/HTTP) to this collector, e.g. "
+    "http://127.0.0.1:4318; OTEL_EXPORTER_OTLP_ENDPOINT is honoured too. Off without "
+    "either. Needs pip install 'cellactors[otel]'.",
+)
+@env_option(
     "--log-level",
     default="info",
     show_default=True,
@@ -276,6 +284,7 @@ def serve(
     outbox_max_age: float,
     wire: dict[str, Any],
     debug: bool,
+    otlp_endpoint: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -316,6 +325,7 @@ def serve(
             outbox_max_attempts=outbox_max_attempts,
             outbox_max_age=outbox_max_age,
         )
+        stop_tracing = _start_tracing(otlp_endpoint, node)
     except (StartupError, ConfigError) as err:
         raise CommandFailed(str(err)) from err
     log.info("serving cell classes: %s", ", ".join(c.__name__ for c in classes))
@@ -325,8 +335,22 @@ def serve(
     )
     code = _run(store, node, classes, settings, listeners, wire, data_dir, access)
     if code == EXIT_FENCED:
-        _exit_now(code)
+        _exit_now(code)  # at once: the spans still batched are not waited for
+    stop_tracing()  # flushes the spans still batched (for a few seconds at most)
     sys.exit(code)
+
+
+def _start_tracing(flag: str | None, node_id: str) -> Callable[[], None]:
+    """Turn tracing on when an endpoint is configured (cellactors.tracing.export); the
+    function that flushes and stops it (one that does nothing when it is off)."""
+    from cellactors.tracing import export
+
+    url = export.traces_url(flag)
+    if url is None:
+        return lambda: None
+    stop = export.install(url, node_id)
+    log.info("sending traces to %s", url)
+    return stop
 
 
 def _exit_now(code: int) -> NoReturn:

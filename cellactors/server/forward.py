@@ -3,9 +3,9 @@ forward, a client's call reaching a node that does not own the cell (the public 
 asynchronous) and a call between cells (:mod:`.peer_calls`, synchronous).
 
 Both build the request here (the owner's internal route, the fleet key's signature for the
-owner's process generation, the idempotency key and the call chain), and both read the
-owner's refusals here: a signature for a process that has restarted since the route was
-cached is a stale route (``not_run``: look the owner up again); any other refusal of the
+owner's process generation, the idempotency key, the call chain and the trace context), and
+both read the owner's refusals here: a signature for a process that has restarted since the
+route was cached is a stale route (``not_run``: look the owner up again); any other refusal of the
 signature is ``peer_refused`` (``not_run``: the fleet's key or clocks disagree). A request
 that never left whole is ``node_unavailable`` (``not_run``), one sent without an answer
 ``not_durable`` (``unknown``). Whether a ``not_run`` answer may be routed once more is
@@ -72,8 +72,11 @@ def signed(
     now: float,
     chain: tuple[str, ...] = (),
     caller: Principal | None = None,
+    trace: str = "",
 ) -> Forward:
-    """The call signed by ``source`` for ``owner``'s current process, at store time ``now``."""
+    """The call signed by ``source`` for ``owner``'s current process, at store time ``now``;
+    ``trace`` is the ``traceparent`` of the sender's span (signed too), empty when it does
+    not trace."""
     path = INTERNAL_CELL_ROUTE.format(cls_name=cls_name, name=name, method=method)
     headers = signing.sign_request(
         key,
@@ -86,6 +89,7 @@ def signed(
         idempotency_key=idempotency_key,
         now=now,
         caller=principal.encode(caller),
+        trace=trace,
     )
     headers["Content-Type"] = codec.CONTENT_TYPES[encoding]
     if chain:

@@ -32,7 +32,7 @@ from cellactors.errors import (
     StaleRoute,
     UnknownCell,
 )
-from cellactors.server import fleet_page, hosts, signing
+from cellactors.server import call_span, fleet_page, hosts, signing
 from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.handling import (
     DEAD_LETTERS_ROUTE,
@@ -46,6 +46,7 @@ from cellactors.server.handling import (
     hand_over,
 )
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.tracing import spans
 from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
@@ -63,11 +64,12 @@ class _InternalCore(Core):
         self._fleet_lock = anyio.Lock()
 
     async def handle_call(self, request: Request) -> Response:
-        cls_name = request.path_params["cls_name"]
-        name = request.path_params["name"]
-        method = request.path_params["method"]
+        """A peer's forwarded call: refused unless signed for this process; then run in its
+        server span, whose parent is the trace context the peer signed (a request that is
+        not signed makes no span: nobody can graft it onto a trace)."""
+        params = request.path_params
+        cls_name, name, method = params["cls_name"], params["name"], params["method"]
         encoding = codec.encoding_for(request.headers.get("content-type"))
-        check = codec.ResultCheck(encoding)
         try:
             body = await codec.read_body(
                 request.stream(),
@@ -86,6 +88,31 @@ class _InternalCore(Core):
                 now=self.node.store_time(),
                 window=self.settings.signature_window,
             )
+        except ClientDisconnect:
+            raise  # the answer guard logs it; nobody is left to answer
+        except Exception as e:
+            err = as_call_error(e)
+            if isinstance(err, errors.Unauthorized):
+                log.warning("refused peer call %s: %s", request.url.path, err)
+            return self.error(err, encoding)
+        parent = spans.parent_from(request.headers.get(signing.TRACE_HEADER))  # signed
+        return await call_span.traced(
+            parent,
+            cls_name,
+            name,
+            method,
+            lambda: self._run_signed(request, body, source, encoding),
+        )
+
+    async def _run_signed(
+        self, request: Request, body: bytes, source: str, encoding: codec.Encoding
+    ) -> Response:
+        """Run a verified peer call and answer it."""
+        cls_name = request.path_params["cls_name"]
+        name = request.path_params["name"]
+        method = request.path_params["method"]
+        check = codec.ResultCheck(encoding)
+        try:
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
             self.check_target(cls_name, name, method)
             kwargs = codec.decode_kwargs(body, encoding)
@@ -107,10 +134,7 @@ class _InternalCore(Core):
             # Runtime contract says this cannot happen for forwarded calls; never multi-hop.
             return self.error(StaleRoute(f"not the owner of {cls_name}:{name} ({e})"), encoding)
         except Exception as e:
-            err = as_call_error(e)
-            if isinstance(err, errors.Unauthorized):
-                log.warning("refused peer call %s: %s", request.url.path, err)
-            return self.error(err, encoding)
+            return self.error(as_call_error(e), encoding)
         log.debug("forwarded call from %s: %s:%s.%s", source, cls_name, name, method)
         return self.ok(result, encoding, check)
 

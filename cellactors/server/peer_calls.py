@@ -3,7 +3,8 @@
 When a cell (or the outbox) calls a cell owned by another live node, the node hands the call
 to :class:`PeerCaller`, which sends it signed to the owner's internal listener like a
 forwarded client call, with the call chain in ``X-Cellactors-Chain`` (so the owner refuses a
-cycle), the originating caller (signed) and the idempotency key if any. The owner's answer
+cycle), the originating caller and the trace context (both signed) and the idempotency key
+if any. The owner's answer
 comes back as the result or as the matching :mod:`cellactors.errors` class; a request
 that was never sent is ``node_unavailable`` and a stale target ``stale_route`` (both
 ``not_run``: the node looks the owner up again), a request sent without an answer
@@ -28,6 +29,7 @@ from cellactors.errors import (
 )
 from cellactors.server import forward
 from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
+from cellactors.tracing import spans
 from cellactors.wire import codec
 from cellactors.wire.unsent import WriteWatch
 
@@ -81,6 +83,7 @@ class PeerCaller:
             now=self.clock(),
             chain=chain,
             caller=caller,
+            trace=spans.traceparent(),  # the calling cell's span: the owner's is its child
         )
         watch = WriteWatch()
         try:

@@ -33,7 +33,7 @@ from cellactors.errors import (
     UnsupportedMediaType,
 )
 from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL
-from cellactors.server import cors, docs_page, forward
+from cellactors.server import call_span, cors, docs_page, forward
 from cellactors.server.auth.admission import admit_call, admit_role
 from cellactors.server.feed import FeedRoute
 from cellactors.server.handling import (
@@ -49,6 +49,7 @@ from cellactors.server.handling import (
     hand_over,
 )
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.tracing import spans
 from cellactors.wire import codec
 from cellactors.wire.unsent import NOT_SENT
 
@@ -117,6 +118,16 @@ class _PublicCore(Core):
             self._client = None
 
     async def handle_call(self, request: Request) -> Response:
+        """A client's call, in its server span: a caller's ``traceparent`` is its parent
+        (and nothing else: it names no one and admits nothing)."""
+        params = request.path_params
+        cls_name, name, method = params["cls_name"], params["name"], params["method"]
+        parent = spans.parent_from(request.headers.get(spans.TRACEPARENT))
+        return await call_span.traced(
+            parent, cls_name, name, method, lambda: self._handle_call(request)
+        )
+
+    async def _handle_call(self, request: Request) -> Response:
         cls_name = request.path_params["cls_name"]
         name = request.path_params["name"]
         method = request.path_params["method"]
@@ -194,7 +205,14 @@ class _PublicCore(Core):
     async def forward(self, owner: RemoteOwner, call: _Call) -> tuple[Response, bool]:
         """Send the call, signed for the owner's process, to its internal listener; pass its
         answer through. Returns the answer and whether the call provably ran nowhere because
-        of the route (:mod:`cellactors.core.routing`: routing again is safe)."""
+        of the route (:mod:`cellactors.core.routing`: routing again is safe). Its client span
+        is the parent of the owner's (its ``traceparent`` is signed with the call)."""
+        with spans.span("cellactors.forward", kind=spans.SpanKind.CLIENT, peer=owner.node) as span:
+            answer, reroute = await self._forward(owner, call)
+            span.outcome(call_span.answer_outcome(answer))
+            return answer, reroute
+
+    async def _forward(self, owner: RemoteOwner, call: _Call) -> tuple[Response, bool]:
         encoding = call.encoding
         sent = forward.signed(
             self.key,
@@ -208,6 +226,7 @@ class _PublicCore(Core):
             idempotency_key=call.key,
             now=self.node.store_time(),
             caller=call.caller,
+            trace=spans.traceparent(),
         )
         try:
             peer = await self.client().post(sent.url, content=sent.body, headers=sent.headers)

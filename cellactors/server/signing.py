@@ -2,7 +2,9 @@
 
 The signature covers the method, the path, sha256 of the body, the source and target node
 ids, the target's process generation, a timestamp, a random nonce and the call's idempotency
-key, and the caller (the principal the first node authenticated) when there is one. The
+key, the caller (the principal the first node authenticated) when there is one, and the
+W3C ``traceparent`` of the sender's span when it traces (so a forged peer cannot graft a
+call onto someone else's trace). The
 receiver refuses requests that are unsigned, wrongly signed, meant for another node
 or for another process of this node (an earlier or later generation: so a captured request
 cannot be replayed against a restarted receiver, whose nonce cache is empty), outside the
@@ -33,6 +35,10 @@ NONCE_HEADER = "X-Cellactors-Nonce"
 SIGNATURE_HEADER = "X-Cellactors-Signature"
 #: The originating caller (compact JSON of a principal), signed when present.
 CALLER_HEADER = "X-Cellactors-Caller"
+#: The W3C ``traceparent`` of the sender's span (cellactors.tracing), signed when present.
+#: Not the plain ``traceparent`` header: a proxy or service mesh on the way may add or
+#: rewrite that one, which would break the signature; the receiver ignores it.
+TRACE_HEADER = "X-Cellactors-Traceparent"
 #: Headers every signed request carries (the idempotency key is signed too, but optional).
 SIGNED_HEADERS = (
     SOURCE_HEADER,
@@ -68,10 +74,12 @@ def string_to_sign(
     nonce: str,
     idempotency_key: str = "",
     caller: str = "",
+    trace: str = "",
 ) -> bytes:
     """The canonical bytes the HMAC covers, one field per line; an absent idempotency key is
     the empty line (a present key is never empty). A caller adds one more line; an anonymous
-    call has none, so its signature is what an older node computes."""
+    call has none, so its signature is what an older node computes. A trace context adds
+    two, the caller's (empty when anonymous) and its own: the line count tells them apart."""
     fields: tuple[str, ...] = (
         SCHEME,
         method.upper(),
@@ -84,7 +92,9 @@ def string_to_sign(
         nonce,
         idempotency_key,
     )
-    if caller:
+    if trace:
+        fields = (*fields, caller, trace)
+    elif caller:
         fields = (*fields, caller)
     return "\n".join(fields).encode("utf-8")
 
@@ -108,6 +118,7 @@ def sign_request(
     now: float | None = None,
     nonce: str | None = None,
     caller: str = "",
+    trace: str = "",
 ) -> dict[str, str]:
     """Headers that authenticate one request from ``source`` to the process
     ``target_generation`` of node ``target`` (from the target's lease), carrying
@@ -128,6 +139,7 @@ def sign_request(
         nonce,
         idempotency_key or "",
         caller,
+        trace,
     )
     headers = {
         SOURCE_HEADER: source,
@@ -141,6 +153,8 @@ def sign_request(
         headers[KEY_HEADER] = idempotency_key
     if caller:
         headers[CALLER_HEADER] = caller
+    if trace:
+        headers[TRACE_HEADER] = trace
     return headers
 
 
@@ -215,7 +229,7 @@ def verify_request(
     return its source node id, or raise :class:`Unauthorized`
     (:class:`StaleTarget` when it was signed for another process of this node).
 
-    The ``Idempotency-Key`` and caller headers, when present, are covered by the signature:
+    The ``Idempotency-Key``, caller and trace headers, when present, are covered by the signature:
     the caller reads them from the same ``headers`` after this returns. The nonce is recorded
     only after the signature has been verified, so a forger cannot fill the replay cache.
     """
@@ -229,6 +243,7 @@ def verify_request(
     generation = values[GENERATION_HEADER] or ""
     idempotency_key = _header(headers, KEY_HEADER) or ""
     caller = _header(headers, CALLER_HEADER) or ""
+    trace = _header(headers, TRACE_HEADER) or ""
     timestamp = values[TIMESTAMP_HEADER] or ""
     nonce = values[NONCE_HEADER] or ""
     signature = values[SIGNATURE_HEADER] or ""
@@ -241,7 +256,17 @@ def verify_request(
     if not _GENERATION_RE.fullmatch(generation):
         raise Unauthorized("malformed target generation")
     message = string_to_sign(
-        method, path, body, source, target, generation, timestamp, nonce, idempotency_key, caller
+        method,
+        path,
+        body,
+        source,
+        target,
+        generation,
+        timestamp,
+        nonce,
+        idempotency_key,
+        caller,
+        trace,
     )
     given = signature.encode("utf-8", "replace")
     matched = False

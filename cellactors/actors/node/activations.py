@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pykka
 
@@ -27,13 +27,13 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.host import CellHost
 from cellactors.actors.messages import ask_method
 from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.node.listener import ActivationListener
 from cellactors.actors.node.placement import Placement
 from cellactors.actors.node.routes import RouteCache
 from cellactors.actors.node.settings import NodeSettings
 from cellactors.actors.node.status import WORKING, NodeStatus
 from cellactors.actors.ownership import Active, LocalCopy, OwnershipActor
 from cellactors.actors.pools import NodePools
-from cellactors.actors.replicator import EffectSink
 from cellactors.actors.storage import StorageHealth
 from cellactors.clock import RuntimeClock
 from cellactors.core import acquire
@@ -52,6 +52,7 @@ from cellactors.persistence.celldb.database import remove_db_files
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.store.bucket import Applied, Bucket
+from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +64,6 @@ class Dormant:
 
     copy: LocalCopy
     last_used: float
-
-
-class ActivationListener(Protocol):
-    """Told when a cell opens here or leaves (the node's alarm driver and outbox)."""
-
-    def opened(self, active: Active) -> None:
-        """A cell opened here, before its first call: a failure fails the activation."""
-
-    def released(self, cell_id: str) -> None:
-        """A cell is hosted nowhere here any more (or is about to be)."""
-
-    def sink(self, cell_id: str, epoch: int) -> EffectSink:
-        """Where the replicator of the cell's activation at ``epoch`` reports acked effects."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -198,11 +185,11 @@ class Activations:
                 # A hibernated cell wakes from its file (no bucket request) in this thread;
                 # others in their own, so a slow store cannot keep the caller past its timeout.
                 inline = cell_id in self._dormant
-                if not inline:
-                    run = functools.partial(self._run, host, forwarded, vacant_ok)
+                if not inline:  # the caller's trace context goes along (it is a thread's)
+                    run = functools.partial(self._run, host, forwarded, vacant_ok, spans.current())
                     threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}").start()
         if inline:
-            self._run(host, forwarded)
+            self._run(host, forwarded, False, None)  # in this thread: its context
         try:
             return host.wait(timeout)
         except CellVacant:
@@ -210,7 +197,18 @@ class Activations:
                 raise
             return self.activate(cell_id, cls, forwarded, timeout)  # joined a read's try
 
-    def _run(self, host: CellHost, forwarded: bool, vacant_ok: bool = False) -> None:
+    def _run(
+        self, host: CellHost, forwarded: bool, vacant_ok: bool, trace: spans.Context | None
+    ) -> None:
+        """Activate ``host``'s cell in its span, under ``trace`` (the caller's context)."""
+        with spans.child("cellactors.activate", trace, cell=host.cell_id) as span:
+            self._start(host, forwarded, vacant_ok)
+            span.outcome(host.error if isinstance(host.error, CallError) else None)
+            if host.active is not None:
+                span.set(spans.EPOCH, host.active.epoch)
+                span.set("cellactors.restored_from", host.active.restored_from)
+
+    def _start(self, host: CellHost, forwarded: bool, vacant_ok: bool) -> None:
         cell_id = host.cell_id
         if (closing := self._closing.get(cell_id)) is not None:
             closing.wait(self.settings.op_deadline)
@@ -220,7 +218,8 @@ class Activations:
             host.ownership = own
             if host.active is None:
                 place = functools.partial(self.placement.place, forwarded)  # asked if free
-                outcome = ask_method(own, "acquire", place, vacant_ok).get()
+                with spans.child("cellactors.acquire", cell=cell_id):
+                    outcome = ask_method(own, "acquire", place, vacant_ok).get()
                 if isinstance(outcome, acquire.Vacant):
                     raise CellVacant(cell_id)
                 if isinstance(outcome, acquire.Remote):
@@ -233,7 +232,8 @@ class Activations:
                 with self.lock:
                     local = self._local.pop(cell_id, None)
                 prev = None if outcome.takeover else outcome.epoch - 1
-                host.active = ask_method(own, "activate", outcome, local, prev).get()
+                with spans.child("cellactors.restore", cell=cell_id, epoch=outcome.epoch):
+                    host.active = ask_method(own, "activate", outcome, local, prev).get()
             self.metrics.activations.labels(host.cls.__name__, host.active.restored_from).inc()
             status = self._status()
             if status in (NodeStatus.FENCED, NodeStatus.STOPPED):  # draining releases it

@@ -44,6 +44,7 @@ from cellactors.errors import (
     UnknownMethod,
 )
 from cellactors.persistence.celldb.runtime_tables import RuntimeTables
+from cellactors.tracing import spans
 
 T = TypeVar("T")
 
@@ -239,6 +240,7 @@ class CallRunner:
                 retention=self.retention,
                 chain=chain,
                 caller=caller,
+                trace=spans.current(),
             )
 
         for _ in range(3):
@@ -307,6 +309,7 @@ class CallRunner:
             retention=self.retention,
             caller=caller,
             interrupt_at=time.perf_counter() + self.host.quick_reads.budget_s if reading else None,
+            trace=spans.current(),
         )
         try:
             if not deliver(cls, active, invoke, self.host.quick_reads):

@@ -3,10 +3,26 @@ activation catalogue's listener."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from cellactors.actors.alarms import AlarmDriver
 from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active
 from cellactors.actors.replicator import EffectSink
+
+
+class ActivationListener(Protocol):
+    """Told when a cell opens here or leaves (the node's alarm driver and outbox)."""
+
+    def opened(self, active: Active) -> None:
+        """A cell opened here, before its first call: a failure fails the activation."""
+
+    def released(self, cell_id: str) -> None:
+        """A cell is hosted nowhere here any more (or is about to be)."""
+
+    def sink(self, cell_id: str, epoch: int) -> EffectSink:
+        """Where the replicator of the cell's activation at ``epoch`` reports acked effects."""
+        ...
 
 
 class CellEvents:

@@ -66,6 +66,7 @@ from cellactors.persistence.history.feed import FeedReader
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.gate import GatedBucket
 from cellactors.persistence.store.metered import MeteredBucket
+from cellactors.tracing import spans
 
 T = TypeVar("T")
 
@@ -377,7 +378,11 @@ class Node:
         """Run the cell's alarm here if it is due (activating or resuming the cell);
         returns the cell's answer (``fired``, ``retry``, ``abandoned``, ``not_due``) once
         it is durable."""
-        return self.runner.run_here(cell_id, FireAlarm, "its alarm was due", check_answer=False)
+
+        def fire() -> FireAlarm:
+            return FireAlarm(trace=spans.current())  # run under the alarm's span
+
+        return self.runner.run_here(cell_id, fire, "its alarm was due", check_answer=False)
 
     # --- dead letters (the outbox's messages given up) ----------------------------------
 

@@ -78,20 +78,24 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
     )
 
 
-def _encode_message(kwargs: dict[str, Any], caller: Principal | None) -> bytes:
-    """A message's stored arguments: the kwargs alone, or ``[kwargs, caller]`` when it was
-    sent on behalf of a caller (the column keeps its type; rows written before callers
-    existed still read back)."""
+def _encode_message(kwargs: dict[str, Any], caller: Principal | None, trace: str = "") -> bytes:
+    """A message's stored arguments: the kwargs alone, ``[kwargs, caller]`` when it was
+    sent on behalf of a caller, ``[kwargs, caller, traceparent]`` when its sender traced
+    (the column keeps its type; rows written before callers or traces still read back)."""
+    if trace:
+        return calls.encode([kwargs, principal.encode(caller), trace])
     if caller is None:
         return calls.encode(kwargs)
     return calls.encode([kwargs, principal.encode(caller)])
 
 
-def _decode_message(blob: bytes) -> tuple[dict[str, Any], Principal | None]:
+def _decode_message(blob: bytes) -> tuple[dict[str, Any], Principal | None, str]:
+    """The kwargs, the caller and the ``traceparent`` (empty: none) of a stored message."""
     value = calls.decode(blob)
-    if isinstance(value, list) and len(value) == 2:
-        return value[0], principal.decode(value[1])
-    return value, None
+    if isinstance(value, list) and len(value) in (2, 3):
+        trace = str(value[2]) if len(value) == 3 else ""
+        return value[0], principal.decode(value[1]), trace
+    return value, None, ""
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Message:
     method: str
     kwargs: dict[str, Any]
     caller: Principal | None = None
+    #: The W3C ``traceparent`` of the sending call's span (empty: it did not trace).
+    trace: str = ""
     at_ms: int = 0
 
     @property
@@ -232,17 +238,18 @@ class RuntimeTables:
         kwargs: dict[str, Any],
         now_ms: int,
         caller: Principal | None = None,
+        trace: str = "",
     ) -> str:
         """Record one message in the current transaction (committed as ``txid``), sent at
-        ``now_ms`` (the runtime's clock), on behalf of ``caller``; its id is the idempotency
-        key of its delivery."""
+        ``now_ms`` (the runtime's clock), on behalf of ``caller``, in the trace ``trace``
+        names (a ``traceparent``); its id is the idempotency key of its delivery."""
         if not _exists(self.conn, OUTBOX_TABLE):
             self.conn.execute(OUTBOX_SQL)
         message_id = "outbox." + secrets.token_hex(16)
         self.conn.execute(
             f"INSERT INTO main.{OUTBOX_TABLE} (id, txid, target, method, kwargs, at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (message_id, txid, target, method, _encode_message(kwargs, caller), now_ms),
+            (message_id, txid, target, method, _encode_message(kwargs, caller, trace), now_ms),
         )
         self.touched = True
         return message_id
