@@ -66,6 +66,12 @@ class Waker(CellActor):
     def fired(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM fired").fetchone()[0])
 
+    def trace_rows(self) -> int:
+        """Rows of the runtime's alarm-trace table (none before any traced set_alarm)."""
+        if "_cellactors_alarm_trace" not in self.db.table_names():
+            return 0
+        return int(self.db.execute("SELECT count(*) FROM _cellactors_alarm_trace").fetchone()[0])
+
 
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
@@ -377,13 +383,18 @@ def test_an_alarm_fire_is_a_span_with_its_transaction_under_it(
     node = make_node(sw_bucket, "n1")
     node.register(Waker)
     try:
-        node.call("Waker", "w", "arm", {})
+        with spans.span("setter", kind=spans.SpanKind.CLIENT) as setter:
+            node.call("Waker", "w", "arm", {})
         eventually(lambda: node.call("Waker", "w", "fired", {}) == 1)
         alarm = one(exporter, "cellactors.alarm", cell="Waker:w")
         run = one(exporter, "cellactors.run", cell="Waker:w", method="on_alarm")
+        assert node.call("Waker", "w", "trace_rows", {}) == 0  # gone with the alarm
     finally:
         node.stop()
-    assert alarm.parent is None  # the fire starts a trace of its own
+    assert alarm.parent is None  # the fire starts a trace of its own; its run links to the setter
+    set_by = one(exporter, "setter")
+    assert [format(link.context.trace_id, "032x") for link in run.links] == [trace_id(set_by)]
+    assert setter is not spans.OFF
     assert parent_of(run) == span_id(alarm) and trace_id(run) == trace_id(alarm)
     assert alarm.attributes is not None and run.attributes is not None
     assert alarm.attributes["cellactors.alarm.result"] == "fired"

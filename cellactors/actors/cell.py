@@ -247,7 +247,7 @@ class CellActor(LazyThreadingActor):
         alarm set before. Part of the current transaction: it exists once that is durable."""
         at_ms = alarms.to_ms(at)
         with self._runtime_db().runtime_writes() as tables:
-            tables.set_alarm(at_ms)
+            tables.set_alarm(at_ms, trace=spans.traceparent())  # its fire links to this trace
 
     def get_alarm(self) -> float | None:
         """When the alarm is due (epoch seconds), or None when no alarm is set."""

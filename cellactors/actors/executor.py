@@ -248,6 +248,7 @@ class CellExecutor:
                 with rt.database.runtime_writes() as tables:
                     tables.delete_alarm(row.nonce)  # consumed, unless on_alarm set a new one
 
+            spans.link_current(spans.parent_from(row.trace))  # to the call that set it
             try:
                 _, changes = self._run(body)
                 outcome.value = "fired"
@@ -270,7 +271,7 @@ class CellExecutor:
                         if again is None:
                             tables.delete_alarm(row.nonce)
                         else:
-                            tables.set_alarm(again, failures)
+                            tables.set_alarm(again, failures, row.trace)
 
                 try:
                     _, changes = self._run(record)

@@ -257,6 +257,15 @@ def note(key: str, value: Any) -> None:
         trace.get_current_span().set_attribute(key, value)
 
 
+def link_current(ctx: Context | None) -> None:
+    """Link the current span to ``ctx``'s span, when both exist: an alarm's fire to the call
+    that set it, a trace apart (it may fire hours later, on another node)."""
+    if _STATE.tracer is not None and ctx is not None:
+        target = trace.get_current_span(ctx).get_span_context()
+        if target.is_valid:
+            trace.get_current_span().add_link(target)
+
+
 def note_outcome(error: BaseException | None) -> None:
     """Set the current span's ``cellactors.outcome`` from the answer's error (None: ok)."""
     if _STATE.tracer is not None:

@@ -32,6 +32,14 @@ ALARM_SQL = (
     "nonce TEXT NOT NULL, "
     "failures INTEGER NOT NULL)"
 )
+#: The ``traceparent`` of the call that set the alarm (a row only while that call traced):
+#: its fire's span links to that trace. A table of its own, so alarm rows keep their shape.
+ALARM_TRACE_TABLE = "_cellactors_alarm_trace"
+ALARM_TRACE_SQL = (
+    f"CREATE TABLE {ALARM_TRACE_TABLE} ("
+    "id INTEGER PRIMARY KEY CHECK (id = 1), "
+    "traceparent TEXT NOT NULL)"
+)
 OUTBOX_TABLE = "_cellactors_outbox"
 OUTBOX_SQL = (
     f"CREATE TABLE {OUTBOX_TABLE} ("
@@ -64,6 +72,7 @@ DEAD_LETTER_SQL = (
 RUNTIME_SQL = {
     calls.CALLS_TABLE: calls.CALLS_SQL,
     ALARM_TABLE: ALARM_SQL,
+    ALARM_TRACE_TABLE: ALARM_TRACE_SQL,
     OUTBOX_TABLE: OUTBOX_SQL,
     DEAD_LETTER_TABLE: DEAD_LETTER_SQL,
 }
@@ -105,6 +114,8 @@ class AlarmRow:
     at_ms: int
     nonce: str
     failures: int
+    #: The ``traceparent`` of the call that set it (empty: that call did not trace).
+    trace: str = ""
 
     @property
     def wake(self) -> Wake:
@@ -199,20 +210,44 @@ class RuntimeTables:
         row = self.conn.execute(
             f"SELECT at_ms, nonce, failures FROM main.{ALARM_TABLE} WHERE id = 1"
         ).fetchone()
-        return None if row is None else AlarmRow(int(row[0]), str(row[1]), int(row[2]))
+        if row is None:
+            return None
+        return AlarmRow(int(row[0]), str(row[1]), int(row[2]), self._alarm_trace())
 
-    def set_alarm(self, at_ms: int, failures: int = 0) -> AlarmRow:
-        """Replace the alarm (a fresh nonce every time: a new wake entry)."""
+    def _alarm_trace(self) -> str:
+        if not _exists(self.conn, ALARM_TRACE_TABLE):
+            return ""
+        row = self.conn.execute(
+            f"SELECT traceparent FROM main.{ALARM_TRACE_TABLE} WHERE id = 1"
+        ).fetchone()
+        return "" if row is None else str(row[0])
+
+    def set_alarm(self, at_ms: int, failures: int = 0, trace: str = "") -> AlarmRow:
+        """Replace the alarm (a fresh nonce every time: a new wake entry), set by a call in
+        the trace ``trace`` names (a ``traceparent``; empty: none)."""
         if not _exists(self.conn, ALARM_TABLE):
             self.conn.execute(ALARM_SQL)
-        row = AlarmRow(at_ms, secrets.token_hex(8), failures)
+        row = AlarmRow(at_ms, secrets.token_hex(8), failures, trace)
         self.conn.execute(
             f"INSERT OR REPLACE INTO main.{ALARM_TABLE} (id, at_ms, nonce, failures) "
             "VALUES (1, ?, ?, ?)",
             (row.at_ms, row.nonce, row.failures),
         )
+        self._set_alarm_trace(trace)
         self.touched = True
         return row
+
+    def _set_alarm_trace(self, trace: str) -> None:
+        """Keep ``trace`` beside the alarm, or none: no row is written while nothing traces."""
+        if trace:
+            if not _exists(self.conn, ALARM_TRACE_TABLE):
+                self.conn.execute(ALARM_TRACE_SQL)
+            self.conn.execute(
+                f"INSERT OR REPLACE INTO main.{ALARM_TRACE_TABLE} (id, traceparent) VALUES (1, ?)",
+                (trace,),
+            )
+        elif _exists(self.conn, ALARM_TRACE_TABLE):
+            self.conn.execute(f"DELETE FROM main.{ALARM_TRACE_TABLE}")
 
     def delete_alarm(self, nonce: str | None = None) -> bool:
         """Remove the alarm (only if it still has ``nonce``, when given)."""
@@ -225,6 +260,7 @@ class RuntimeTables:
             else self.conn.execute(sql)
         ).rowcount
         if gone:
+            self._set_alarm_trace("")
             self.touched = True
         return bool(gone)
 
