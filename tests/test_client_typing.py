@@ -50,6 +50,7 @@ def test_mypy_accepts_typed_usage_and_reports_a_wrong_argument_type(tmp_path: Pa
         text=True,
         timeout=300,
     )
+    assert "No module named" not in run.stderr, run.stderr  # mypy is in the test extra
     lines = [line for line in run.stdout.splitlines() if ": error:" in line]
     assert not [line for line in lines if "client_usage.py" in line], run.stdout
     assert any(
