@@ -1,17 +1,45 @@
 """The change feed as server-sent events (``Accept: text/event-stream``): the framing alone,
-and the response's heartbeats and its stall limit without a server."""
+the response's heartbeats and its stall limit without a server, and over real HTTP against a
+served node: txid order with ids, resuming with ``Last-Event-ID``, live transactions,
+heartbeats while idle, the feed's authorization, cap and hidden tables
+(docs/http-api.md, "Change feed as server-sent events")."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import anyio
+import httpx
 import pytest
+from starlette.testclient import TestClient
 from starlette.types import Message
 
-from cellactors.errors import BadRequest
+from cellactors import Node
+from cellactors.core.changes import Change
+from cellactors.errors import BadRequest, FeedHole
+from cellactors.persistence.history.feed import FeedPage
+from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import feed_events
+from cellactors.server.app import ServerSettings, build_public_app
+from cellactors.server.auth import ApiKeys, Authentication
+from tests.helpers.cells import Counter
+from tests.helpers.fake_node import KEY, FakeNode
+from tests.helpers.metrics import parse, value
+from tests.helpers.runtime import eventually
+from tests.helpers.served import ServedNode, served_node
+
+FAST = ServerSettings(feed_poll_interval=0.05, feed_heartbeat=0.2)
+KEYS = {
+    "ak_user_0123456789abcdef01": {"principal": "user", "roles": ["user"]},
+    "ak_feed_0123456789abcdef01": {"principal": "reader", "roles": ["feed"]},
+    "ak_root_0123456789abcdef01": {"principal": "root", "roles": ["admin"]},
+}
+USER, FEED, ROOT = list(KEYS)
+
 
 # -- the framing, pure ------------------------------------------------------------------
 
@@ -98,3 +126,234 @@ def test_a_client_that_reads_nothing_is_dropped_after_the_stall_limit() -> None:
 
     anyio.run(main)
     assert len(sent) == 3 and closed == [True]  # left incomplete: the server closes it
+
+
+class _BrokenAfterOnePage:
+    """A feed reader that finds txid 1, then objects missing from the bucket."""
+
+    def read(self, after: int, limit: int | None = None) -> FeedPage:
+        if after == 0:
+            return FeedPage(0, [Change(1, 1, 0)], owner_epoch=1)
+        raise FeedHole("batch e1/2 is gone")
+
+
+def test_a_failure_after_the_start_is_one_feed_error_event_then_the_end() -> None:
+    node = FakeNode("node-a")
+    node.feed_reader = lambda cell_id: _BrokenAfterOnePage()  # type: ignore[method-assign]
+    app = build_public_app(node, KEY, ServerSettings(feed_page=1, feed_heartbeat=5.0))
+    cls = sorted(node.classes)[0]
+    with TestClient(app) as client:
+        answer = client.get(f"/cells/{cls}/x/changes", headers={"accept": "text/event-stream"})
+    assert answer.status_code == 200
+    blocks = answer.text.split("\n\n")
+    assert blocks[0] == "retry: 1000"
+    head, data = blocks[1].split("\n")
+    assert head == "id: 1" and json.loads(data.removeprefix("data: "))["txid"] == 1
+    event, data = blocks[2].split("\n")
+    assert event == "event: feed-error" and blocks[3:] == [""]
+    body = json.loads(data.removeprefix("data: "))
+    assert (body["error"], body["outcome"], body["retryable"]) == (
+        "history_missing",
+        "not_run",
+        False,
+    )
+
+
+class _Empty:
+    def read(self, after: int, limit: int | None = None) -> FeedPage:
+        return FeedPage(after, [], owner_epoch=1)
+
+
+def test_a_page_of_an_allowed_origin_may_resume_a_stream() -> None:
+    """A reconnecting EventSource sends Last-Event-ID: across origins, the preflight admits
+    it, and the stream carries the CORS headers like every answer."""
+    node = FakeNode("node-a")
+    node.feed_reader = lambda cell_id: _Empty()  # type: ignore[method-assign]
+    settings = ServerSettings(cors_origins=("http://app.example",), feed_poll_interval=0.05)
+    app = build_public_app(node, KEY, settings)
+    url = f"/cells/{sorted(node.classes)[0]}/x/changes"
+    origin = {"origin": "http://app.example"}
+    with TestClient(app) as client:
+        preflight = client.options(
+            url,
+            headers={
+                **origin,
+                "access-control-request-method": "GET",
+                "access-control-request-headers": "last-event-id",
+            },
+        )
+        assert preflight.status_code == 200
+        assert "last-event-id" in preflight.headers["access-control-allow-headers"].lower()
+        answer = client.get(
+            url,
+            params={"wait": "0.2"},
+            headers={**origin, "accept": "text/event-stream", "last-event-id": "3"},
+        )
+    assert answer.status_code == 200 and answer.text.startswith("retry: 1000\n\n")
+    assert answer.headers["access-control-allow-origin"] == "http://app.example"
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+class Events(threading.Thread):
+    """One event stream of ``Counter:a``'s feed, parsed as EventSource would: its events
+    (``id``, ``event``, ``data``), comments and ``retry``, or the refusal's answer."""
+
+    def __init__(self, base: str, params: dict[str, str], headers: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.url = f"{base}/cells/Counter/a/changes"
+        self.params = params
+        self.headers = {"accept": "text/event-stream", **headers}
+        self.events: list[dict[str, str]] = []
+        self.comments: list[str] = []
+        self.retry: int | None = None
+        self.answer: httpx.Response | None = None
+        self.ended = False
+        self.start()
+
+    def run(self) -> None:
+        with httpx.stream(
+            "GET", self.url, params=self.params, headers=self.headers, timeout=30
+        ) as answer:
+            self.answer = answer
+            if answer.status_code != 200:
+                answer.read()
+                return
+            fields: dict[str, str] = {}
+            for line in answer.iter_lines():
+                if not line:
+                    if fields:
+                        self.events.append(fields)
+                    fields = {}
+                elif line.startswith(":"):
+                    self.comments.append(line)
+                else:
+                    name, _, text = line.partition(":")
+                    text = text.removeprefix(" ")
+                    if name == "retry":
+                        self.retry = int(text)
+                    else:
+                        fields[name] = text
+        self.ended = True
+
+    @property
+    def ids(self) -> list[int]:
+        return [int(e["id"]) for e in self.events if "id" in e]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(e["data"]) for e in self.events]
+
+
+def stream(
+    served: ServedNode, wait: float = 10.0, key: str | None = None, **headers: str
+) -> Events:
+    params = {"after": "0", "wait": str(wait)}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    return Events(served.public, params, {k.replace("_", "-"): v for k, v in headers.items()})
+
+
+def last_txid(node: Node) -> int:
+    return list(node.changes("Counter", "a"))[-1].txid
+
+
+def refused(events: Events) -> tuple[int, str]:
+    eventually(lambda: events.answer is not None and not events.is_alive())
+    assert events.answer is not None and not events.events
+    return events.answer.status_code, events.answer.json()["error"]
+
+
+def test_events_in_order_resumed_live_with_heartbeats(sw_bucket: S3Bucket) -> None:
+    with served_node(sw_bucket, "sa", FAST) as served:
+        cell = served.node.cell(Counter, "a")
+        for _ in range(3):
+            cell.increment("x")
+        last = last_txid(served.node)
+        first = stream(served)
+        eventually(lambda: first.ids == list(range(1, last + 1)))
+        assert first.answer is not None
+        assert first.answer.headers["content-type"].startswith("text/event-stream")
+        assert first.answer.headers["cache-control"] == "no-store"
+        assert first.retry == 1000
+        assert all(r["txid"] == i for r, i in zip(first.records(), first.ids, strict=True))
+        # Idle: heartbeats, and nothing else.
+        eventually(lambda: len(first.comments) >= 2)
+        assert first.comments[0] == ": keep-alive" and first.ids[-1] == last
+        # A write while streaming arrives on the stream.
+        assert cell.increment("x") == 4
+        eventually(lambda: first.ids[-1:] == [last + 1])
+        assert first.records()[-1]["changes"][0]["row"]["n"] == 4
+        # A reconnect with Last-Event-ID: exactly the later ones (it wins over after=0).
+        resumed = stream(served, last_event_id="2")
+        eventually(lambda: resumed.ids[-1:] == [last + 1])
+        assert resumed.ids == list(range(3, last + 2))
+        # The lifetime is bounded: the stream ends, without an error event, for a reconnect.
+        short = stream(served, wait=0.5, last_event_id=str(last))
+        eventually(lambda: short.ended)
+        assert short.ids == [last + 1] and all("event" not in e for e in short.events)
+    for events in (first, resumed):
+        events.join(10)
+        assert events.ended and len(events.ids) == len(set(events.ids))
+
+
+def test_a_bad_start_is_400_before_any_stream_and_holds_no_slot(sw_bucket: S3Bucket) -> None:
+    settings = ServerSettings(feed_poll_interval=0.05, feed_heartbeat=0.2, max_feed_streams=1)
+    with served_node(sw_bucket, "sb", settings) as served:
+        served.node.cell(Counter, "a").increment("x")
+        for bad in (stream(served, last_event_id="abc"), stream(served, last_event_id="-1")):
+            assert refused(bad) == (400, "bad_request")
+            assert bad.answer is not None and "Last-Event-ID" in bad.answer.json()["message"]
+        bad_after = Events(served.public, {"after": "x"}, {})
+        assert refused(bad_after) == (400, "bad_request")
+        # Refused before it started, so the one slot is still free.
+        good = stream(served)
+        eventually(lambda: good.ids == [1, 2])
+
+
+def test_the_stream_cap_refuses_an_event_stream_like_any_follower(sw_bucket: S3Bucket) -> None:
+    settings = ServerSettings(feed_poll_interval=0.05, feed_heartbeat=0.2, max_feed_streams=1)
+    with served_node(sw_bucket, "sc", settings) as served:
+        served.node.cell(Counter, "a").increment("x")
+        holder = stream(served)
+        eventually(lambda: holder.ids == [1, 2])
+        over = stream(served)
+        assert refused(over) == (503, "feed_unavailable")
+        assert over.answer is not None and over.answer.headers["retry-after"] == "1"
+        assert over.answer.json()["retryable"] is True
+        # The JSON follower counts against the same cap.
+        url = f"{served.public}/cells/Counter/a/changes"
+        assert httpx.get(url, params={"wait": "5"}, timeout=10).status_code == 503
+        samples = parse(served.node.metrics_text())
+        assert value(samples, "cellactors_feed_streams_refused_total") == 2
+
+
+def test_the_feed_role_and_hidden_tables_apply_to_events(
+    sw_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps(KEYS))
+    settings = ServerSettings(
+        feed_poll_interval=0.05, authentication=Authentication([ApiKeys(path)])
+    )
+    with served_node(sw_bucket, "sd", settings) as served:
+        for idem in ("k-1", "k-2"):  # recorded in the call log, a runtime table
+            answer = httpx.post(
+                f"{served.public}/cells/Counter/a/increment",
+                json={"name": "x"},
+                headers={"authorization": f"Bearer {ROOT}", "idempotency-key": idem},
+                timeout=10,
+            )
+            assert answer.status_code == 200
+        last = last_txid(served.node)
+        assert refused(stream(served)) == (401, "unauthenticated")
+        assert refused(stream(served, key=USER)) == (403, "forbidden")
+
+        def tables(key: str) -> set[str]:
+            events = stream(served, wait=0.5, key=key)
+            eventually(lambda: events.ended)
+            assert events.ids == list(range(1, last + 1))
+            return {c["table"] for r in events.records() for c in r["changes"]}
+
+        assert "counts" in tables(FEED) and "_cellactors_calls" not in tables(FEED)
+        assert {"counts", "_cellactors_calls"} <= tables(ROOT)
