@@ -7,6 +7,8 @@ round due reads the bucket once for all; a follower behind what the tail keeps p
 history with reads of its own, then joins. Nothing polls a cell nobody follows. At most
 ``ServerSettings.max_feed_streams`` follow at once; one more is refused with
 ``feed_unavailable`` (503, Retry-After), counted in ``cellactors_feed_streams_refused_total``.
+With ``Accept: text/event-stream`` the same follow stream is framed as server-sent events
+(:mod:`.feed_events`).
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ class FeedRoute:
         """The feed after ``after``, streamed as NDJSON (or msgpack objects with ``Accept:
         application/msgpack``); with ``wait``, the stream stays open that long and carries
         new transactions as they are acknowledged. Rows of the ``hidden`` tables are left
-        out of every record (the call log's keys, for readers who may not see them)."""
+        out of every record (the call log's keys, for readers who may not see them). With
+        ``Accept: text/event-stream``, always a follow stream of server-sent events, resumed
+        after ``Last-Event-ID`` when given."""
         events = feed_events.wants_events(request.headers.get("accept"))
         encoding = "json" if events else codec.encoding_for(request.headers.get("accept"))
         fmt = Format(encoding, hidden, events)
