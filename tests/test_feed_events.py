@@ -6,6 +6,7 @@ heartbeats while idle, the feed's authorization, cap and hidden tables
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from starlette.testclient import TestClient
 from starlette.types import Message
 
 from cellactors import Node
+from cellactors.core import keys
 from cellactors.core.changes import Change
 from cellactors.errors import BadRequest, FeedHole
 from cellactors.persistence.history.feed import FeedPage
@@ -26,10 +28,11 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import feed_events
 from cellactors.server.app import ServerSettings, build_public_app
 from cellactors.server.auth import ApiKeys, Authentication
+from tests.helpers.buckets import GatedLists, delta
 from tests.helpers.cells import Counter
 from tests.helpers.fake_node import KEY, FakeNode
 from tests.helpers.metrics import parse, value
-from tests.helpers.runtime import eventually
+from tests.helpers.runtime import eventually, make_node
 from tests.helpers.served import ServedNode, served_node
 
 FAST = ServerSettings(feed_poll_interval=0.05, feed_heartbeat=0.2)
@@ -357,3 +360,37 @@ def test_the_feed_role_and_hidden_tables_apply_to_events(
 
         assert "counts" in tables(FEED) and "_cellactors_calls" not in tables(FEED)
         assert {"counts", "_cellactors_calls"} <= tables(ROOT)
+
+
+def test_event_streams_of_an_idle_cell_share_one_poller(sw_bucket: S3Bucket) -> None:
+    writer = make_node(sw_bucket, "we")  # owns the cell; the served node only reads the feed
+    gate = GatedLists(sw_bucket, keys.cell_root("Counter:a"))
+    try:
+        writer.cell(Counter, "a").increment("x")
+        last = last_txid(writer)
+        with served_node(gate, "se", FAST) as served, contextlib.ExitStack() as stack:
+            stack.callback(gate.open)  # a failure must not leave the node's reads held
+            followers = [stream(served) for _ in range(6)]
+            eventually(lambda: all(f.ids == list(range(1, last + 1)) for f in followers))
+            gate.close()  # each round now waits at the gate: the test lets K through
+            eventually(lambda: gate.waiting == 1)
+            before = served.node.bucket.snapshot()
+            rounds = 4
+            for k in range(1, rounds + 1):
+                gate.allow()
+                eventually(lambda k=k: gate.passed == k and gate.waiting == 1)  # type: ignore[misc]
+            spent = delta(served.node, before)
+            # One LIST of the epoch folder and one GET of own.json a round, for six streams.
+            assert {k: v for k, v in spent.items() if k[1] in ("other", "own", "batch")} == {
+                ("list", "other"): rounds,
+                ("get", "own"): rounds,
+            }
+            gate.open()
+            writer.cell(Counter, "a").increment("x")
+            eventually(lambda: all(f.ids[-1:] == [last + 1] for f in followers))
+        for f in followers:
+            f.join(10)
+            assert f.ids == list(range(1, last + 2))
+    finally:
+        gate.open()
+        writer.stop()
