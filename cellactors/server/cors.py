@@ -34,7 +34,14 @@ def middleware(origins: Sequence[str]) -> Middleware:
         CORSMiddleware,
         allow_origins=[check_origin(o) for o in origins],
         allow_methods=["GET", "POST"],
-        allow_headers=["authorization", "content-type", "accept", IDEMPOTENCY_HEADER.lower()],
+        # last-event-id: what a reconnecting EventSource sends (the feed as events).
+        allow_headers=[
+            "authorization",
+            "content-type",
+            "accept",
+            "last-event-id",
+            IDEMPOTENCY_HEADER.lower(),
+        ],
         expose_headers=[NODE_HEADER, "retry-after"],
         allow_credentials=False,
         max_age=PREFLIGHT_MAX_AGE,

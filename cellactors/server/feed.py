@@ -7,6 +7,8 @@ round due reads the bucket once for all; a follower behind what the tail keeps p
 history with reads of its own, then joins. Nothing polls a cell nobody follows. At most
 ``ServerSettings.max_feed_streams`` follow at once; one more is refused with
 ``feed_unavailable`` (503, Retry-After), counted in ``cellactors_feed_streams_refused_total``.
+With ``Accept: text/event-stream`` the same follow stream is framed as server-sent events
+(:mod:`.feed_events`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from cellactors.errors import (
     InvalidCellId,
     UnknownCell,
 )
+from cellactors.server import feed_events
 from cellactors.server.handling import (
     NDJSON_TYPE,
     NODE_HEADER,
@@ -86,17 +89,25 @@ class FeedRoute:
         """The feed after ``after``, streamed as NDJSON (or msgpack objects with ``Accept:
         application/msgpack``); with ``wait``, the stream stays open that long and carries
         new transactions as they are acknowledged. Rows of the ``hidden`` tables are left
-        out of every record (the call log's keys, for readers who may not see them)."""
-        encoding = codec.encoding_for(request.headers.get("accept"))
-        fmt = Format(encoding, hidden)
+        out of every record (the call log's keys, for readers who may not see them). With
+        ``Accept: text/event-stream``, always a follow stream of server-sent events, resumed
+        after ``Last-Event-ID`` when given."""
+        events = feed_events.wants_events(request.headers.get("accept"))
+        encoding = "json" if events else codec.encoding_for(request.headers.get("accept"))
+        fmt = Format(encoding, hidden, events)
         following = False
         try:
             cls_name = request.path_params["cls_name"]
             if cls_name not in self.node.classes:
                 raise UnknownCell(f"no served cell class {cls_name!r}")
             cell_id = keys.make_cell_id(cls_name, request.path_params["name"])
-            after = _number(request, "after", int, 0, 0, 2**63 - 1)
+            after = _number(request, "after", int, 0, 0, feed_events.MAX_TXID)
             wait = _number(request, "wait", float, 0.0, 0.0, self.settings.feed_max_wait)
+            if events:  # always a follow stream, resumed where EventSource left off
+                after = feed_events.resume_from(
+                    request.headers.get(feed_events.LAST_EVENT_ID), after
+                )
+                wait = wait or self.settings.feed_max_wait
             if wait > 0:
                 self._reserve()
                 following = True
@@ -120,6 +131,16 @@ class FeedRoute:
             return StreamingResponse(body, media_type=media, headers=headers)
         end = time.monotonic() + wait
         body = self._follow(cell_id, after, reader, page, end, fmt)
+        if events:
+            s = self.settings
+            return feed_events.EventStreamResponse(
+                body,
+                self._release,
+                heartbeat=s.feed_heartbeat,
+                retry=s.feed_retry,
+                stall=s.feed_stall_timeout,
+                headers=headers,
+            )
         return _FeedResponse(body, self._release, media_type=media, headers=headers)
 
     def _reserve(self) -> None:
@@ -175,7 +196,7 @@ class FeedRoute:
             try:
                 page = await self._read(reader, page.last_txid)
             except CallError as e:
-                yield _record(e.to_dict(), fmt.encoding)
+                yield _failure(e, fmt)
                 return
 
     def _open(self, end: float) -> bool:
@@ -205,7 +226,7 @@ class FeedRoute:
                     return
                 page = await self._read(reader, pos)
         except CallError as e:
-            yield _record(e.to_dict(), fmt.encoding)
+            yield _failure(e, fmt)
             return
         shared = self._join(cell_id, reader, page, pos)
         try:
@@ -245,7 +266,7 @@ class FeedRoute:
         own: Any = None
         while True:
             if shared.error is not None:
-                yield _record(shared.error.to_dict(), fmt.encoding)
+                yield _failure(shared.error, fmt)
                 return
             step = shared.tail.next_for(pos)
             if step is Next.TAKE:
@@ -258,7 +279,7 @@ class FeedRoute:
                 try:
                     page = await self._read(own, pos)
                 except CallError as e:
-                    yield _record(e.to_dict(), fmt.encoding)
+                    yield _failure(e, fmt)
                     return
                 if page.changes:
                     yield _records(page.changes, fmt)
@@ -296,14 +317,27 @@ class FeedRoute:
 
 @dataclass(frozen=True)
 class Format:
-    """How one reader's records are written: the encoding, and the tables left out."""
+    """How one reader's records are written: the encoding, the tables left out, and
+    whether as server-sent events (:mod:`.feed_events`) instead of records."""
 
     encoding: codec.Encoding
     hidden: frozenset[str] = frozenset()
+    events: bool = False
 
 
 def _records(changes: list[Any], fmt: Format) -> bytes:
+    if fmt.events:
+        return b"".join(
+            feed_events.change_event(c.txid, _visible(c.to_wire(), fmt.hidden)) for c in changes
+        )
     return b"".join(_record(_visible(c.to_wire(), fmt.hidden), fmt.encoding) for c in changes)
+
+
+def _failure(err: CallError, fmt: Format) -> bytes:
+    """The end of a stream that failed after it started: its error body."""
+    if fmt.events:
+        return feed_events.error_event(err.to_dict())
+    return _record(err.to_dict(), fmt.encoding)
 
 
 def _visible(record: dict[str, Any], hidden: frozenset[str]) -> dict[str, Any]:

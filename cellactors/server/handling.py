@@ -181,6 +181,12 @@ class ServerSettings:
     feed_page: int = 500  # transactions read per bucket round
     max_concurrent_feeds: int = 64  # worker threads reading feeds at once, per app
     max_feed_streams: int = 1000  # open follow streams (``wait`` > 0) at once, per node
+    #: Event streams (``Accept: text/event-stream``, cellactors.server.feed_events): a
+    #: comment after this many idle seconds, the ``retry:`` EventSource waits before it
+    #: reconnects, and how long a write may wait for a client that reads nothing.
+    feed_heartbeat: float = 15.0
+    feed_retry: float = 1.0
+    feed_stall_timeout: float = 30.0
     #: Names (or ``fnmatch`` patterns, e.g. ``*.peers.ns.svc``) the internal listener answers
     #: to in ``Host``, besides loopback names and the address it listens on.
     internal_hosts: tuple[str, ...] = ()
