@@ -32,6 +32,13 @@ class Shapes(CellActor):
     def static(a, b=1):  # type: ignore[no-untyped-def]
         return a
 
+    # Methods whose first parameter cannot take the instance: no call binds.
+    def kwargs_only(**kw):  # type: ignore[no-untyped-def]
+        return kw
+
+    def keywords_only(*, k=1):  # type: ignore[no-untyped-def]
+        return k
+
     def typed(self, n: int, x: float, s: str = "") -> int:
         return n
 
@@ -62,7 +69,10 @@ def _binds(fn: Any, takes_self: bool, args: tuple[Any, ...], kwargs: dict[str, A
     return True
 
 
-@pytest.mark.parametrize("method", ["plain", "kwonly", "posonly", "varargs", "static", "typed"])
+@pytest.mark.parametrize(
+    "method",
+    ["plain", "kwonly", "posonly", "varargs", "static", "typed", "kwargs_only", "keywords_only"],
+)
 @pytest.mark.parametrize(("args", "kwargs"), CALLS)
 def test_check_arguments_agrees_with_bind(
     method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

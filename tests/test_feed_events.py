@@ -122,13 +122,22 @@ def test_a_client_that_reads_nothing_is_dropped_after_the_stall_limit() -> None:
     response = feed_events.EventStreamResponse(
         source(), lambda: None, heartbeat=0.05, retry=1.0, stall=0.3, headers={}
     )
+    aborted: list[bool] = []
+    response.abort_connection = lambda: aborted.append(True)
 
     async def main() -> None:
         with anyio.fail_after(10):
             await response.stream_response(send)
 
     anyio.run(main)
-    assert len(sent) == 3 and closed == [True]  # left incomplete: the server closes it
+    assert len(sent) == 3 and closed == [True]  # left incomplete
+    assert aborted == [True]  # and the connection dropped, not left to drain
+
+
+@pytest.mark.parametrize("value", ["9" * 20, "1" * 5000, "12a", "-1", "١٢"])
+def test_a_last_event_id_that_is_no_txid_is_a_bad_request(value: str) -> None:
+    with pytest.raises(BadRequest, match="Last-Event-ID"):
+        feed_events.resume_from(value, 0)
 
 
 class _BrokenAfterOnePage:

@@ -106,9 +106,13 @@ def _call_shape(cls: type, method: str) -> _CallShape | None:
         sig = inspect.signature(getattr(cls, method))
     except (TypeError, ValueError):
         return None
-    params = list(sig.parameters.values())[1 if takes_self else 0 :]
+    every = list(sig.parameters.values())
+    params = every[1 if takes_self else 0 :]
     kind = inspect.Parameter
     named = (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)
+    # A method whose first parameter cannot take the instance (``def m(**kw)``, ``def
+    # m(*, k)``, ``def m()`` in a class) never binds: ``bind`` says so, not the set checks.
+    takes_instance = bool(every) and every[0].kind in (kind.POSITIONAL_ONLY, *named[:1])
     return _CallShape(
         sig,
         takes_self,
@@ -117,7 +121,8 @@ def _call_shape(cls: type, method: str) -> _CallShape | None:
         required=frozenset(
             p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty
         ),
-        simple=all(p.kind is not kind.POSITIONAL_ONLY for p in params),
+        simple=all(p.kind is not kind.POSITIONAL_ONLY for p in params)
+        and (takes_instance or not takes_self),
     )
 
 

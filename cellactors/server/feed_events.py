@@ -30,6 +30,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cellactors.errors import BadRequest
+from cellactors.server.wire_limits import ABORT_EXTENSION
 from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
@@ -59,7 +60,9 @@ def resume_from(last_event_id: str | None, after: int) -> int:
     if last_event_id is None or not last_event_id.strip():
         return after
     raw = last_event_id.strip()
-    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_TXID:
+    # At most 19 digits before int(): a longer one is no txid, and Python refuses to
+    # convert one of over 4,300 digits (a 500 where a 400 is due).
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_TXID:
         raise BadRequest(f"Last-Event-ID {raw[:40]!r} is not a txid in [0, {MAX_TXID}]")
     return int(raw)
 
@@ -134,7 +137,11 @@ class EventStreamResponse(StreamingResponse):
         self.retry = retry
         self.stall = stall
 
+    #: Drops the connection at once (the listener's :data:`ABORT_EXTENSION`), if it has one.
+    abort_connection: Callable[[], None] | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.abort_connection = scope.get("extensions", {}).get(ABORT_EXTENSION)
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -158,10 +165,13 @@ class EventStreamResponse(StreamingResponse):
                 with anyio.CancelScope(shield=True):
                     await closing()
         if writer.stalled:
-            # The server closes the connection: the answer is left incomplete on purpose.
+            # The answer is left incomplete on purpose, and the connection dropped: closed,
+            # it would stay open (and counted) until its unread buffer drained.
             log.warning(
-                "closing a change feed event stream: its client read nothing for %ss", self.stall
+                "dropping a change feed event stream: its client read nothing for %ss", self.stall
             )
+            if self.abort_connection is not None:
+                self.abort_connection()
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -122,6 +122,11 @@ class WireGuard:
                         log.exception("cutting off an overdue connection failed")
 
 
+#: The ASGI scope extension holding a callable that drops the request's connection at once
+#: (a reset, its unsent buffer discarded), for an answer abandoned mid-stream.
+ABORT_EXTENSION = "cellactors.abort"
+
+
 class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits of :attr:`guard` (see the module)."""
 
@@ -208,6 +213,9 @@ class LimitedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self.deadline = self.loop.time() + self.guard.limits.body_timeout
+        # An app that gives up on a client that stopped reading drops the connection with
+        # this: uvicorn would close it, which waits for the unread buffer to drain.
+        self.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.transport.abort
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
