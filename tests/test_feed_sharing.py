@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections import Counter as Tally
 
 import httpx
 
@@ -17,16 +16,13 @@ from cellactors.core.changes import Change
 from cellactors.core.feed_tail import FeedTail, Next
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
-from tests.helpers.buckets import GatedLists, delta
+from tests.helpers.buckets import GatedLists, delta, feed_requests
 from tests.helpers.cells import Counter
 from tests.helpers.metrics import parse, value
 from tests.helpers.runtime import eventually, make_node
 from tests.helpers.served import served_node
 
 CELL = "Counter:a"
-#: What the bucket requests of a feed are counted as (``key_kind``): LISTs of the cell's
-#: folder are "other"; the rest are the cell's own objects.
-FEED_KINDS = ("other", "own", "batch", "seal", "snapshot")
 
 
 class Follower(threading.Thread):
@@ -54,10 +50,6 @@ class Follower(threading.Thread):
 def last_txid(node: Node) -> int:
     """The cell's last acknowledged txid, read from the bucket."""
     return list(node.changes("Counter", "a"))[-1].txid
-
-
-def feed_requests(tally: Tally[tuple[str, str]]) -> dict[tuple[str, str], int]:
-    return {k: v for k, v in tally.items() if k[1] in FEED_KINDS}
 
 
 def test_many_followers_of_an_idle_cell_cost_one_poller(sw_bucket: S3Bucket) -> None:

@@ -28,7 +28,7 @@ from cellactors.errors import (
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.loop_reply import LoopReply
 from tests.helpers.buckets import HangingBucket
-from tests.helpers.runtime import active_of, eventually, host_of, make_node
+from tests.helpers.runtime import active_of, eventually, host_of, make_node, thread_starts
 
 
 class Reads(CellActor):
@@ -241,16 +241,9 @@ def test_a_cell_only_read_holds_no_thread_until_its_first_write(
 def test_a_fence_stops_cells_only_read_without_starting_their_threads(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started: list[str] = []
-    start = threading.Thread.start
-
-    def counting_start(thread: threading.Thread) -> None:
-        started.append(thread.name)
-        start(thread)
-
     names = [f"r{i}" for i in range(20)]
     created(node, names)
-    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    started = thread_starts(monkeypatch)
     for name in names:
         assert node.call("Reads", name, "value", {"k": "a"}) == 0
     cells = []

@@ -13,7 +13,7 @@ from cellactors import CellActor, Node, read_only
 from cellactors.core import keys
 from cellactors.errors import MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.helpers.runtime import make_node
+from tests.helpers.runtime import make_node, thread_starts
 
 
 class Shelf(CellActor):
@@ -129,14 +129,7 @@ def test_a_cell_whose_activation_needs_the_node_is_activated_for_real(
 def test_a_scratch_read_starts_no_thread_of_the_cell(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started: list[str] = []
-    start = threading.Thread.start
-
-    def counting_start(thread: threading.Thread) -> None:
-        started.append(thread.name)
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    started = thread_starts(monkeypatch)
     assert node.call("Shelf", "threadless", "count") == 0
     monkeypatch.undo()
     assert [n for n in started if n.startswith("Shelf-")] == []

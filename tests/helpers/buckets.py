@@ -15,6 +15,16 @@ def delta(node: Node, before: Tally[tuple[str, str]]) -> Tally[tuple[str, str]]:
     return Tally({k: v for k, v in after.items() if v and k[1] != "lease"})
 
 
+#: What the bucket requests of a feed are counted as (``key_kind``): LISTs of the cell's
+#: folder are "other"; the rest are the cell's own objects.
+FEED_KINDS = ("other", "own", "batch", "seal", "snapshot")
+
+
+def feed_requests(tally: Tally[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The requests of ``tally`` that a change feed's reads make."""
+    return {k: v for k, v in tally.items() if k[1] in FEED_KINDS}
+
+
 class CuttableBucket(Bucket):
     """Delegates to a real bucket until ``cut``; then every request fails like a partition."""
 

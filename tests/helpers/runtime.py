@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
+
+import pytest
 
 from cellactors import Node, NodeSettings
 from cellactors.actors.host import CellHost
@@ -93,3 +96,16 @@ def dormant_of(node: Node, cell_id: str) -> Dormant:
     dormant = node.activations.dormant(cell_id)
     assert dormant is not None, f"{cell_id} does not hibernate on {node.node_id}"
     return dormant
+
+
+def thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started from now on (until ``monkeypatch`` is undone)."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    return started
