@@ -426,6 +426,22 @@ class DeadLetterNotFound(CallError):
     outcome = NOT_RUN
 
 
+class SocketGone(CallError):
+    """The cell has no such socket (it was closed, or its holder was lost): open a new one."""
+
+    status = 404
+    code = "socket_gone"
+    outcome = NOT_RUN
+
+
+class SocketMissed(CallError):
+    """A socket resumed after more pushes than the cell keeps: some are lost to it."""
+
+    status = 410
+    code = "socket_missed"
+    outcome = NOT_RUN
+
+
 class FeedUnavailable(CallError):
     """The feed could not be served now: a store failure, or the node already serves its
     ``max_feed_streams`` follow streams. Nothing changed; a later request, or another node,

@@ -26,10 +26,11 @@ refused instead of deadlocking.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -43,6 +44,9 @@ from cellactors.actors.messages import (
     Invoke,
 )
 from cellactors.actors.pykka_ext import LazyThreadingActor
+from cellactors.actors.sockets import Connection
+from cellactors.actors.sockets import handle as handle_socket
+from cellactors.actors.sockets import push as push_to
 from cellactors.core import alarms, keys
 from cellactors.core.principal import Principal
 from cellactors.errors import (
@@ -50,6 +54,7 @@ from cellactors.errors import (
     ConfigError,
 )
 from cellactors.persistence.celldb.database import CellDatabase
+from cellactors.persistence.celldb.socket_tables import SocketTables, target_of
 from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
@@ -217,6 +222,27 @@ class CellActor(LazyThreadingActor):
         any call; the alarm is consumed in that transaction unless it sets a new one. If it
         raises, it is rolled back and retried (see ``alarm_max_failures``)."""
 
+    def on_connect(self, conn: Connection) -> None:
+        """Runs when a socket opens on the cell (``GET /cells/{cls}/{name}/ws``, or an event
+        stream), as one transaction; raise to refuse it (closed with 4403). A class that
+        defines this or :meth:`on_message` takes sockets; others refuse them (404)."""
+
+    def on_message(self, conn: Connection, data: str | bytes) -> None:
+        """Runs for each message a socket sends (text as ``str``, binary as ``bytes``), one
+        at a time with the cell's calls, as one transaction. If it raises, it is rolled back,
+        nothing it sent leaves, and the socket is closed (1011)."""
+
+    def on_close(self, conn: Connection, code: int, reason: str) -> None:
+        """Runs when a socket closed: by its client, or 1006 when the node holding it was
+        lost (not when the cell closed it with ``conn.close()``)."""
+
+    @classmethod
+    def takes_sockets(cls) -> bool:
+        """Whether the class defines a socket handler (else sockets to it are refused)."""
+        return cls.on_connect is not CellActor.on_connect or (
+            cls.on_message is not CellActor.on_message
+        )
+
     @classmethod
     def authorize(cls, caller: Principal | None, name: str, method: str) -> bool:
         """Whether ``caller`` may call ``method`` on the cell ``name`` of this class: the
@@ -258,6 +284,35 @@ class CellActor(LazyThreadingActor):
         """Remove the alarm, if any (part of the current transaction)."""
         with self._runtime_db().runtime_writes() as tables:
             tables.delete_alarm()
+
+    def connections(self, tag: str | None = None) -> list[Connection]:
+        """The sockets open on the cell (with ``tag``, if given), oldest first."""
+        rows = self._runtime_db(writing=False).sockets.all(tag)
+        return [Connection(row, self._socket_writes) for row in rows]
+
+    def broadcast(self, data: str | bytes, tag: str | None = None) -> int:
+        """Send ``data`` to every socket (with ``tag``, if given) once this transaction is
+        durable; how many sockets it goes to."""
+        with self._socket_writes() as tables:
+            return push_to(tables, target_of(tag=tag), data)
+
+    @contextlib.contextmanager
+    def _socket_writes(self) -> Iterator[SocketTables]:
+        database = self._runtime_db()
+        with database.runtime_writes():
+            yield database.sockets
+
+    def _cellactors_socket(self, event: str, **fields: Any) -> Any:
+        """The runtime's socket events (see :mod:`cellactors.actors.sockets`)."""
+        rt = self._require_runtime()
+        services = rt.services
+
+        def synced(holder: str, head: int) -> None:
+            if services is not None:
+                services.socket_synced(rt.cell_id, rt.epoch, holder, head)
+
+        now_ms = rt.clock.now_ms()
+        return handle_socket(self, self._socket_writes, rt.epoch, event, fields, now_ms, synced)
 
     def cell(self, cls: type[CellActor] | str, name: str) -> CellRef:
         """Another cell, to call synchronously: ``self.cell(Account, "bob").credit(amount=5)``."""
@@ -311,6 +366,9 @@ class CellActor(LazyThreadingActor):
             "alarm_backoff_s",
             "alarm_backoff_max_s",
             "authorize",
+            "on_connect",
+            "on_message",
+            "on_close",
             "_abc_impl",
         }
         clashes = sorted(
@@ -325,7 +383,7 @@ class CellActor(LazyThreadingActor):
                 f"cell class {cls.__name__} overrides {', '.join(clashes)}, which the runtime "
                 "uses; rename these methods"
             )
-        if not cls.exposed_methods():
+        if not cls.exposed_methods() and not cls.takes_sockets():
             raise ConfigError(f"cell class {cls.__name__} has no public method")
 
     # --- runtime side -------------------------------------------------------------------

@@ -166,6 +166,9 @@ class CellServices(Protocol):
         caller: Principal | None = None,
     ) -> Any: ...
 
+    def socket_synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
+        """A holder's sync answers with the cell's pushes up to ``head``."""
+
 
 @dataclass
 class CellRuntime:

@@ -57,10 +57,19 @@ class ReplicaChannel:
         self._effects: dict[int, Any] = {}
         #: Per txid, the trace context of the call that committed it (when it traces).
         self._traces: dict[int, Context] = {}
+        #: Per txid, the pushes (messages to sockets) it sent: they leave once it is durable.
+        self._pushes: dict[int, list[Any]] = {}
 
-    def commit(self, txn: Txn, effect: Any = None, trace: Context | None = None) -> None:
-        """Queue ``txn`` for the replicator, with its ``effect`` and the trace context of the
-        call that committed it (its acknowledgement's span is a child of it)."""
+    def commit(
+        self,
+        txn: Txn,
+        effect: Any = None,
+        trace: Context | None = None,
+        pushes: list[Any] | None = None,
+    ) -> None:
+        """Queue ``txn`` for the replicator, with its ``effect``, the trace context of the
+        call that committed it (its acknowledgement's span is a child of it) and the pushes
+        it sent."""
         with self._lock:
             if self.gate.failed is not None:
                 raise self.gate.failed
@@ -70,6 +79,8 @@ class ReplicaChannel:
                 self._effects[txn.txid] = effect
             if trace is not None:
                 self._traces[txn.txid] = trace
+            if pushes:
+                self._pushes[txn.txid] = pushes
             self._commit_times[txn.txid] = time.monotonic()
         if self.on_commit is not None:
             try:
@@ -108,6 +119,14 @@ class ReplicaChannel:
             done = sorted(t for t in self._effects if t <= upto)
             return [self._effects.pop(t) for t in done]
 
+    def take_pushes(self, upto: int) -> list[Any]:
+        """The pushes of transactions up to ``upto``, in txid order (removed)."""
+        with self._lock:
+            if not self._pushes:
+                return []
+            done = sorted(t for t in self._pushes if t <= upto)
+            return [p for t in done for p in self._pushes.pop(t)]
+
     def take_traces(self, upto: int) -> list[Context]:
         """The trace contexts of transactions up to ``upto``, in txid order (removed)."""
         with self._lock:
@@ -136,6 +155,7 @@ class ReplicaChannel:
             self._commit_times.clear()
             self._effects.clear()
             self._traces.clear()
+            self._pushes.clear()
         for item in held:
             item.error, item.value = error, None
             item.release()

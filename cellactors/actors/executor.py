@@ -156,6 +156,7 @@ class CellExecutor:
         ``read_only``: then it may not write at all)."""
         rt = self.runtime
         rt.database.tables.touched = False
+        rt.database.sockets.sent.clear()
         self.cell._in_txn = True
         try:
             return rt.database.run(
@@ -208,7 +209,8 @@ class CellExecutor:
         txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms())
         rt.next_txid += 1
         try:
-            rt.channel.commit(txn, effect, trace)
+            pushes = rt.database.sockets.sent
+            rt.channel.commit(txn, effect, trace, list(pushes) if pushes else None)
         except BaseException as err:
             outcome.error, outcome.value = err, None
 

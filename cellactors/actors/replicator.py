@@ -53,6 +53,9 @@ class EffectSink(Protocol):
 
     def after_ack(self, effects: list[Any]) -> None: ...
 
+    def pushed(self, pushes: list[Any]) -> None:
+        """The pushes of acknowledged transactions, in order: they may leave now."""
+
 
 class Replicator(PooledActor):
     """Uploads a cell's batches, acknowledges or fails the held responses (an actor on a
@@ -141,6 +144,7 @@ class Replicator(PooledActor):
 
     def _ship_batch(self, txns: list[Txn], span: spans.Span) -> None:
         effects = self.channel.take_effects(txns[-1].txid)
+        pushes = self.channel.take_pushes(txns[-1].txid)
         try:
             deadline = time.monotonic() + self.deadline_s
             if effects and self.sink is not None:
@@ -155,6 +159,11 @@ class Replicator(PooledActor):
             return
         span.outcome(None)
         self.channel.ack(txns[-1].txid)
+        if pushes and self.sink is not None:
+            try:
+                self.sink.pushed(pushes)
+            except Exception:  # a holder that misses one asks again (a sync)
+                log.exception("the pushes of %s were not handed on", self.cell_id)
         if effects and self.sink is not None:
             try:
                 self.sink.after_ack(effects)

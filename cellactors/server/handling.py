@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cellactors.errors as errors
+from cellactors.actors.sockets import SOCKET_METHOD
 from cellactors.core import keys
 from cellactors.core.principal import Principal
 from cellactors.errors import (
@@ -172,6 +173,9 @@ class ServerSettings:
     #: a load balancer or proxy keeps an idle upstream connection, so it closes first.
     keep_alive_timeout: float = 75.0
     max_connections: int = 1024  # open connections per listener; beyond: 503 and close
+    max_sockets: int = 10_000  # WebSockets and event streams held (not in max_connections)
+    max_socket_buffer: int = 1 << 20  # unsent bytes per socket; beyond: closed with 4408
+    max_socket_frame: int = 1 << 20  # bytes of one frame a client sends; beyond: 1009
     graceful_timeout: float = 60.0  # after drain, how long in-flight requests may take
     fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often
@@ -268,6 +272,7 @@ class Core:
         self.settings = settings
         self.limiter = anyio.CapacityLimiter(settings.max_concurrent_calls)
         self._openapi: bytes | None = None  # the document, built at its first request
+        self.socket_hub: Any = None  # the sockets this app holds (socket_routes), if any
 
     @property
     def key(self) -> bytes:
@@ -369,12 +374,12 @@ class Core:
         # health checks and other calls never wait behind it.
         return body, await anyio.to_thread.run_sync(codec.decode_kwargs, body, encoding)
 
-    def check_target(self, cls_name: str, name: str, method: str) -> None:
+    def check_target(self, cls_name: str, name: str, method: str, peer: bool = False) -> None:
         """Refuse unknown classes, private methods and bad cell ids before touching a
-        thread."""
+        thread (a ``peer``'s signed forward may carry a socket event)."""
         if cls_name not in self.node.classes:
             raise UnknownCell(f"no served cell class {cls_name!r}")
-        if method.startswith("_"):
+        if method.startswith("_") and not (peer and method == SOCKET_METHOD):
             raise UnknownMethod(f"{cls_name} has no public method {method!r}")
         keys.make_cell_id(cls_name, name)
 

@@ -46,6 +46,7 @@ from cellactors.server.handling import (
     hand_over,
 )
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.server.push_transport import PUSHES_ROUTE, receive_pushes
 from cellactors.tracing import spans
 from cellactors.wire import codec
 
@@ -114,7 +115,7 @@ class _InternalCore(Core):
         check = codec.ResultCheck(encoding)
         try:
             key = codec.idempotency_key(request.headers.getlist(codec.IDEMPOTENCY_HEADER))
-            self.check_target(cls_name, name, method)
+            self.check_target(cls_name, name, method, peer=True)
             kwargs = codec.decode_kwargs(body, encoding)
             chain = decode_chain(request.headers.get(CHAIN_HEADER))  # a call between cells
             caller = _caller(request)  # covered by the signature just verified
@@ -287,6 +288,7 @@ def build_internal_app(
         Route(DEAD_LETTERS_ROUTE + "/retry", core.retry_dead_letters, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE + "/{letter}", core.purge_dead_letters, methods=["DELETE"]),
         Route(DEAD_LETTERS_ROUTE + "/{letter}/retry", core.retry_dead_letters, methods=["POST"]),
+        Route(PUSHES_ROUTE, functools.partial(receive_pushes, core, core.nonces), methods=["POST"]),
         Route("/state", core.state, methods=["GET"]),
         Route("/metrics", core.metrics, methods=["GET"]),
         Route("/fleet", core.fleet, methods=["GET"]),

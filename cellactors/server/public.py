@@ -7,6 +7,7 @@ at all."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from cellactors.core.access import ADMIN_ROLE, FEED_ROLE
 from cellactors.core.principal import Principal
 from cellactors.core.routing import reroutable, reroutable_error
+from cellactors.core.sockets import CLOSE_GOING_AWAY as GOING_AWAY
 from cellactors.errors import (
     CallError,
     InvalidCellId,
@@ -33,7 +35,7 @@ from cellactors.errors import (
     UnsupportedMediaType,
 )
 from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL
-from cellactors.server import call_span, cors, docs_page, forward
+from cellactors.server import call_span, cors, docs_page, forward, socket_routes
 from cellactors.server.auth.admission import admit_call, admit_role
 from cellactors.server.feed import FeedRoute
 from cellactors.server.handling import (
@@ -283,16 +285,24 @@ def build_public_app(
     check."""
     core = _PublicCore(node, fleet_key, settings or ServerSettings())
 
+    sockets = socket_routes.routes(core, node)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        hub = core.socket_hub
+        if hub is not None:
+            hub.bind(asyncio.get_running_loop())
         try:
             yield
         finally:
+            if hub is not None:
+                hub.close_all(GOING_AWAY, "this node is stopping; resume on another")
             await core.aclose()
 
     routes = [
         Route(CHANGES_ROUTE, core.admitted_changes, methods=["GET"]),
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
+        *sockets,
         Route("/healthz", core.healthz, methods=["GET"]),
         Route("/openapi.json", core.openapi, methods=["GET"]),
         *docs_page.routes(),

@@ -24,7 +24,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from enum import IntEnum
-from typing import TextIO
+from typing import Any, TextIO
 
 import uvicorn
 
@@ -37,6 +37,7 @@ from cellactors.server.app import (
 from cellactors.server.auth.authentication import check_exposure
 from cellactors.server.peer_calls import PeerCaller
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.server.push_transport import install_push_sender
 from cellactors.server.wire_limits import WireGuard, WireLimits
 
 log = logging.getLogger("cellactors.server")
@@ -145,6 +146,7 @@ class Runner:
                 )
             )
         self.public_app = build_public_app(node, fleet_key, self.settings)
+        install_push_sender(node, fleet_key, self.settings)
         # Peers dial the address the node advertises in its lease: the listener answers to it.
         advertised = str(getattr(getattr(node, "settings", None), "advertise", "") or "")
         self.internal_app = build_internal_app(
@@ -158,6 +160,9 @@ class Runner:
             which: WireGuard(which, limits, on_refused, self.settings.retry_after_seconds)
             for which in self._binds
         }
+        hub = getattr(self.public_app.state.core, "socket_hub", None)
+        if hub is not None:
+            self._guards["public"].held_sockets = lambda: len(hub.sockets)
         #: Sockets bound already (``"public"``, ``"internal"``): served as they are, so the
         #: address checked free at start-up cannot be taken before the server listens.
         self._sockets = dict(sockets or {})
@@ -210,13 +215,26 @@ class Runner:
             host=host,
             port=port,
             http=self._guards[which].protocol_class(),
-            ws="none",  # an upgrade would leave the wire limits' protocol: none is served
+            # Sockets on the public listener only; held sockets have their own cap
+            # (max_sockets), not the listener's connection cap.
+            **self._ws_options(which),
             lifespan="on",
             log_config=None,
             access_log=self._access_log,
             timeout_keep_alive=math.ceil(self.settings.keep_alive_timeout),
             timeout_graceful_shutdown=int(self.settings.graceful_timeout),
         )
+
+    def _ws_options(self, which: str) -> dict[str, Any]:
+        if which != "public":
+            return {"ws": "none"}  # the internal listener takes no upgrade
+        return {
+            "ws": "websockets-sansio",
+            "ws_max_size": self.settings.max_socket_frame,
+            "ws_per_message_deflate": False,  # a compressor per socket costs ~100 KiB
+            "ws_ping_interval": 20.0,
+            "ws_ping_timeout": 20.0,
+        }
 
     def run(self, *, install_signals: bool = True) -> int:
         """Serve until stopped or fenced; the process exit code (0, 1 or 3)."""

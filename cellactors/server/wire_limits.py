@@ -92,6 +92,9 @@ class WireGuard:
         self.limits = limits
         self.retry_after = retry_after  # the Retry-After of the 503 over the cap
         self._on_refused = on_refused
+        #: How many of the listener's connections are held sockets (upgraded): they have
+        #: a cap of their own and do not count against ``max_connections``.
+        self.held_sockets: Callable[[], int] = lambda: 0
 
     def refused(self, limit: str) -> None:
         """Count one refusal at ``limit`` (``cellactors_wire_refusals_total``)."""
@@ -147,7 +150,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self.guard.limits
-        if len(self.connections) >= limits.max_connections:
+        if len(self.connections) - self.guard.held_sockets() >= limits.max_connections:
             self._turned_away = True
             self.transport = transport
             self._refuse(

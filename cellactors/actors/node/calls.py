@@ -22,6 +22,7 @@ from cellactors.actors.node.scratch import read_vacant
 from cellactors.actors.node.settings import NodeSettings
 from cellactors.actors.node.status import NodeStatus
 from cellactors.actors.ownership import Active
+from cellactors.actors.sockets import SOCKET_METHOD
 from cellactors.clock import RuntimeClock
 from cellactors.core import alarms as alarm_rules
 from cellactors.core import keys
@@ -117,7 +118,9 @@ def check_call(
     cls = classes.get(cls_name)
     if cls is None:
         raise UnknownCell(f"no cell class {cls_name!r} is served here")
-    if method not in cls.exposed_methods():
+    if method not in cls.exposed_methods() and not (
+        method == SOCKET_METHOD and cls.takes_sockets()
+    ):
         raise UnknownMethod(f"{cls_name} has no public method {method!r}")
     cell_id = keys.make_cell_id(cls_name, name)
     kwargs = dict(kwargs or {})

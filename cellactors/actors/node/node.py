@@ -38,6 +38,7 @@ from cellactors.actors.node.activations import Activations, Stores
 from cellactors.actors.node.collector import Collector
 from cellactors.actors.node.listener import CellEvents
 from cellactors.actors.node.placement import Placement
+from cellactors.actors.node.pushes import PushDriver
 from cellactors.actors.node.routes import RouteCache
 from cellactors.actors.node.settings import Forwarder, NodeSettings
 from cellactors.actors.node.status import ENDED, NodeStatus
@@ -51,12 +52,7 @@ from cellactors.core.changes import Change
 from cellactors.core.principal import Principal
 from cellactors.core.read_budget import QuickReads
 from cellactors.core.routing import reroutable_error
-from cellactors.errors import (
-    CallError,
-    NotDurable,
-    RemoteOwner,
-    UnknownCell,
-)
+from cellactors.errors import CallError, NotDurable, RemoteOwner, UnknownCell
 from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
 from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
@@ -166,7 +162,9 @@ class Node:
         )
         self.alarms = AlarmDriver(self, self.settings.alarm_scan_interval)
         self.outbox = OutboxWorkers(self)
-        self.activations.listener = CellEvents(self.alarms, self.outbox)
+        #: Pushes to sockets, sent once durable to the nodes holding the sockets.
+        self.pushes = PushDriver(self.node_id, self.call_cell)
+        self.activations.listener = CellEvents(self.alarms, self.outbox, self.pushes)
         self.runner = calls.CallRunner(self)
         #: How calls between cells reach a cell owned by another live node (None: they
         #: fail with ``RemoteOwner``, ``not_run``).
@@ -255,6 +253,7 @@ class Node:
         self.collector.stop()
         self.alarms.stop()
         self.outbox.stop()
+        self.pushes.stop()
         try:
             # A fenced node does not wait for a lease request that may hang: it writes nothing
             # more anyway, and its process must exit promptly.
@@ -364,6 +363,10 @@ class Node:
                         raise
                     self.forget_route(cls_name, name)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def socket_synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
+        """A holder's sync answered with the cell's pushes up to ``head``."""
+        self.pushes.synced(cell_id, epoch, holder, head)
 
     def activate_here(self, cell_id: str) -> Active:
         """Activate (or resume) a cell on this node through the ownership path, never

@@ -28,6 +28,7 @@ from cellactors.persistence import files
 from cellactors.persistence.celldb import authorizer, capture
 from cellactors.persistence.celldb.calls import CallLog
 from cellactors.persistence.celldb.runtime_tables import RuntimeTables
+from cellactors.persistence.celldb.socket_tables import SocketTables
 
 T = TypeVar("T")
 
@@ -98,6 +99,7 @@ class CellDatabase:
         self.before_close: Callable[[], None] | None = None
         self.calls = CallLog(self.conn)
         self.tables = RuntimeTables(self.conn)
+        self.sockets = SocketTables(self.conn)
         self.trims = 0
         #: The first fault of the node's storage met on this file.
         self.fault: NodeStorageFault | None = None

@@ -23,6 +23,7 @@ from cellactors.core import principal
 from cellactors.core.alarms import Pending, Wake, WakeState
 from cellactors.core.principal import Principal
 from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.socket_tables import SOCKET_SQL
 
 ALARM_TABLE = "_cellactors_alarm"
 ALARM_SQL = (
@@ -75,6 +76,7 @@ RUNTIME_SQL = {
     ALARM_TRACE_TABLE: ALARM_TRACE_SQL,
     OUTBOX_TABLE: OUTBOX_SQL,
     DEAD_LETTER_TABLE: DEAD_LETTER_SQL,
+    **SOCKET_SQL,
 }
 
 

@@ -1,0 +1,385 @@
+"""Sockets on the public listener: ``GET /cells/{cls}/{name}/ws`` (a WebSocket) and
+``GET /cells/{cls}/{name}/events`` (the cell's pushes as server-sent events).
+
+Both are admitted like a call of the class's ``on_connect`` (its access rule, then
+``authorize``), after an ``Origin`` check: a browser page may open one only from an origin
+the node allows (``--cors-origin``) or from the node's own, since a socket has no CORS
+preflight to stop it. A browser cannot set ``Authorization`` on a WebSocket, so a bearer
+token may come as the subprotocol ``cellactors.bearer.<token>`` instead.
+
+A client that asks for the subprotocol ``cellactors.v1`` gets numbered frames: first
+``{"conn": id, "seq": n}``, then each text push as ``{"seq": n, "text": ...}`` and each
+binary push as 8 bytes of its number (big-endian) and the data. With ``?resume=<id>&after=<n>``
+it takes its socket back on any node after its holder went away, missing nothing retained.
+Without it, frames are the cell's data as sent. Event streams number events
+``<conn>.<seq>``, so an ``EventSource`` resumes by itself (``Last-Event-ID``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from cellactors.actors.sockets import SOCKET_METHOD, check_resumable
+from cellactors.core import keys, sockets
+from cellactors.core.principal import Principal
+from cellactors.core.sockets import Holder, Push
+from cellactors.errors import (
+    BadRequest,
+    CallError,
+    Forbidden,
+    InvalidCellId,
+    MethodFailed,
+    NodeUnavailable,
+    SocketGone,
+    SocketMissed,
+    UnknownCell,
+)
+from cellactors.server.auth.admission import admit_call
+from cellactors.server.handling import Core, as_call_error
+from cellactors.server.hosts import host_name
+from cellactors.server.socket_hub import HeldSocket, SocketHub
+
+log = logging.getLogger(__name__)
+
+WS_ROUTE = "/cells/{cls_name}/{name}/ws"
+EVENTS_ROUTE = "/cells/{cls_name}/{name}/events"
+BEARER_PREFIX = "cellactors.bearer."
+
+
+def _offered(scope: Any) -> list[str]:
+    return [str(p) for p in scope.get("subprotocols", ())]
+
+
+def _headers_with_token(headers: Any, offered: list[str]) -> dict[str, str]:
+    """The request's headers, with a bearer token offered as a subprotocol as
+    ``Authorization`` (a header the client sent wins)."""
+    out = {k.lower(): v for k, v in headers.items()}
+    for proto in offered:
+        if proto.startswith(BEARER_PREFIX) and "authorization" not in out:
+            out["authorization"] = "Bearer " + proto[len(BEARER_PREFIX) :]
+    return out
+
+
+def origin_allowed(headers: Any, allowed: tuple[str, ...]) -> bool:
+    """No ``Origin`` (not a browser), one the node allows, or the node's own host."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    if origin in allowed:
+        return True
+    _, _, rest = origin.partition("://")
+    host = headers.get("host")
+    return host is not None and rest.lower() == host.lower() and bool(host_name(host))
+
+
+class SocketRoutes:
+    """The two routes and the hub behind them (one per public app)."""
+
+    def __init__(self, core: Core, node: Any, hub: SocketHub) -> None:
+        self.core = core
+        self.node = node
+        self.hub = hub
+
+    # --- what both routes share -----------------------------------------------------------
+
+    def admit(self, cls_name: str, name: str, headers: dict[str, str]) -> Principal | None:
+        """The caller who may open a socket on ``cls_name:name``; raises the refusal."""
+        cls = self.node.classes.get(cls_name)
+        if cls is None or not getattr(cls, "takes_sockets", lambda: False)():
+            raise UnknownCell(f"no cell class {cls_name!r} that takes sockets is served here")
+        keys.make_cell_id(cls_name, name)
+        if not origin_allowed(headers, self.core.settings.cors_origins):
+            raise Forbidden(f"sockets from origin {headers.get('origin')!r} are not allowed")
+        caller = admit_call(self.core.settings.authentication, cls, name, "on_connect", headers)
+        if len(self.hub.sockets) >= self.core.settings.max_sockets:
+            raise NodeUnavailable("this node holds its most sockets; try another node")
+        return caller
+
+    async def open(
+        self,
+        cell_id: str,
+        caller: Principal | None,
+        sock: HeldSocket,
+        kind: str,
+        tags: list[str],
+        resume: tuple[str, int] | None,
+    ) -> None:
+        """Connect (or resume) ``sock`` on its cell and hold it here; raises the refusal."""
+        holder = self.hub.holder.to_wire()
+        fields: dict[str, Any]
+        if resume is None:
+            fields = {
+                "event": "connect",
+                "conn": sock.id,
+                "holder": holder,
+                "tags": tags,
+                "kind": kind,
+            }
+            self.hub.add(sock)  # before the answer: on_connect's pushes may come first
+            try:
+                answer = await self.hub.event(cell_id, fields, caller)
+            except BaseException:
+                self.hub.remove(sock)
+                raise
+            sock.cursor = int(answer["head"])
+            self.hub.joined(cell_id, int(answer["epoch"]))
+            return
+        conn_id, after = resume
+        fields = {"event": "resume", "conn": conn_id, "holder": holder, "after": after}
+        sock.cursor = after
+        self.hub.add(sock)
+        try:
+            answer = await self.hub.event(cell_id, fields, caller)
+            check_resumable(answer, conn_id)
+        except BaseException:
+            self.hub.remove(sock)
+            raise
+        self.hub.caught_up(cell_id, answer)
+
+    async def closed(
+        self, cell_id: str, sock: HeldSocket, caller: Principal | None, code: int, reason: str
+    ) -> None:
+        """The client closed ``sock``: its cell hears of it (``on_close``)."""
+        self.hub.remove(sock)
+        fields = {
+            "event": "close",
+            "conn": sock.id,
+            "holder": self.hub.holder.to_wire(),
+            "code": code,
+            "reason": reason[:120],
+        }
+        try:
+            await self.hub.event(cell_id, fields, caller)
+        except CallError as err:
+            log.info("close of socket %s not told to %s: %s", sock.id, cell_id, err)
+
+    # --- WebSocket ----------------------------------------------------------------------
+
+    async def websocket(self, ws: WebSocket) -> None:
+        cls_name = ws.path_params["cls_name"]
+        name = ws.path_params["name"]
+        offered = _offered(ws.scope)
+        numbered = sockets.SUBPROTOCOL in offered
+        try:
+            caller = self.admit(cls_name, name, _headers_with_token(ws.headers, offered))
+            resume = _resume(ws.query_params.get("resume"), ws.query_params.get("after"))
+            tags = ws.query_params.getlist("tag")
+        except (CallError, InvalidCellId) as err:
+            await _refuse(ws, as_call_error(err), numbered)
+            return
+        await ws.accept(subprotocol=sockets.SUBPROTOCOL if numbered else None)
+        cell_id = keys.make_cell_id(cls_name, name)
+        conn_id = resume[0] if resume else sockets.new_conn_id()
+        sock = HeldSocket(conn_id, cell_id, 0, _ws_sender(ws, numbered), _ws_closer(ws))
+        try:
+            await self.open(cell_id, caller, sock, "websocket", tags, resume)
+        except (CallError, ValueError) as err:
+            await _close_for(ws, err)
+            return
+        if numbered:
+            await ws.send_text(json.dumps({"conn": conn_id, "seq": sock.cursor}))
+        await self._converse(ws, cell_id, sock, caller)
+
+    async def _converse(
+        self, ws: WebSocket, cell_id: str, sock: HeldSocket, caller: Principal | None
+    ) -> None:
+        session = secrets.token_hex(4)  # keys of this holding never meet an earlier one's
+        count = 0
+        code, reason = sockets.CLOSE_NORMAL, ""
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    code = int(message.get("code") or sockets.CLOSE_NORMAL)
+                    reason = str(message.get("reason") or "")
+                    break
+                data = message.get("text")
+                if data is None:
+                    data = message.get("bytes")
+                if data is None or sock.closed:
+                    continue
+                count += 1
+                fields = {"event": "message", "conn": sock.id, "data": data}
+                key = f"ws.{sock.id}.{session}.{count}"
+                try:
+                    await self.hub.event(cell_id, fields, caller, key)
+                except (CallError, ValueError) as err:
+                    await _close_for(ws, err)
+                    sock.closed = True
+                    code, reason = sockets.CLOSE_FAILED, str(err)[:120]
+                    break
+        except WebSocketDisconnect as err:
+            code, reason = err.code, str(err.reason or "")
+        if self.hub.stopping:
+            self.hub.remove(sock)  # the node stops: the client resumes elsewhere
+            return
+        await self.closed(cell_id, sock, caller, code, reason)
+
+    # --- server-sent events -------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        cls_name = request.path_params["cls_name"]
+        name = request.path_params["name"]
+        try:
+            caller = self.admit(cls_name, name, dict(request.headers))
+            resume = _event_resume(request.headers.get("last-event-id"))
+            tags = request.query_params.getlist("tag")
+        except (CallError, InvalidCellId) as err:
+            return self.core.error(as_call_error(err), "json")
+        cell_id = keys.make_cell_id(cls_name, name)
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        conn_id = resume[0] if resume else sockets.new_conn_id()
+
+        async def send(push: Push) -> None:
+            queue.put_nowait(_event_frame(conn_id, push))
+
+        async def close(code: int, reason: str) -> None:
+            queue.put_nowait(
+                f"event: close\ndata: {json.dumps({'code': code, 'reason': reason})}\n\n"
+            )
+            queue.put_nowait(None)
+
+        sock = HeldSocket(conn_id, cell_id, 0, send, close)
+        try:
+            await self.open(cell_id, caller, sock, "events", tags, resume)
+        except (CallError, ValueError) as err:
+            return self.core.error(as_call_error(err), "json")
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield f"retry: 1000\nid: {conn_id}.{sock.cursor}\ndata: \n\n".encode()
+            try:
+                while True:
+                    try:
+                        frame = await asyncio.wait_for(
+                            queue.get(), self.core.settings.feed_heartbeat
+                        )
+                    except TimeoutError:
+                        yield b": heartbeat\n\n"
+                        continue
+                    if frame is None:
+                        return
+                    yield frame.encode()
+            finally:
+                if not sock.closed and not self.hub.stopping:
+                    await self.closed(cell_id, sock, caller, sockets.CLOSE_GOING_AWAY, "")
+                else:
+                    self.hub.remove(sock)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+
+def _resume(conn: str | None, after: str | None) -> tuple[str, int] | None:
+    if conn is None:
+        return None
+    if not sockets.valid_conn_id(conn):
+        raise BadRequest("resume names a socket id of 22 URL-safe characters")
+    if after is None or not after.isdigit() or len(after) > 19:
+        raise BadRequest("resume needs after=<the number of the last frame seen>")
+    return conn, int(after)
+
+
+def _event_resume(last: str | None) -> tuple[str, int] | None:
+    if not last:
+        return None
+    conn, _, seq = last.partition(".")
+    return _resume(conn, seq)
+
+
+def _event_frame(conn_id: str, push: Push) -> str:
+    if push.kind == sockets.BYTES:
+        data = base64.b64encode(cast(bytes, push.data)).decode()
+        return f"id: {conn_id}.{push.seq}\nevent: bytes\ndata: {data}\n\n"
+    lines = "\n".join(f"data: {line}" for line in str(push.data).split("\n"))
+    return f"id: {conn_id}.{push.seq}\n{lines}\n\n"
+
+
+def _ws_sender(ws: WebSocket, numbered: bool) -> Any:
+    async def send(push: Push) -> None:
+        if push.kind == sockets.BYTES:
+            data = cast(bytes, push.data)
+            await ws.send_bytes(push.seq.to_bytes(8, "big") + data if numbered else data)
+        elif numbered:
+            await ws.send_text(json.dumps({"seq": push.seq, "text": push.data}))
+        else:
+            await ws.send_text(str(push.data))
+
+    return send
+
+
+def _ws_closer(ws: WebSocket) -> Any:
+    async def close(code: int, reason: str) -> None:
+        try:
+            await ws.close(code, reason)
+        except RuntimeError:
+            pass  # closed already
+
+    return close
+
+
+def _close_code(err: BaseException) -> int:
+    if isinstance(err, SocketGone):
+        return sockets.CLOSE_GONE
+    if isinstance(err, SocketMissed):
+        return sockets.CLOSE_MISSED
+    if isinstance(err, MethodFailed) and err.exc_type in ("PermissionError",):
+        return sockets.CLOSE_REFUSED
+    if isinstance(err, CallError) and err.status in (401, 403):
+        return sockets.CLOSE_REFUSED
+    if isinstance(err, CallError) and err.status == 503:
+        return sockets.CLOSE_TRY_LATER
+    return sockets.CLOSE_FAILED
+
+
+async def _close_for(ws: WebSocket, err: BaseException) -> None:
+    code = _close_code(err)
+    try:
+        await ws.close(code, f"{getattr(err, 'code', 'error')}: {err}"[:120])
+    except RuntimeError:
+        pass
+
+
+async def _refuse(ws: WebSocket, err: CallError, numbered: bool) -> None:
+    """Refuse before accepting: the handshake answers the error's status (a browser sees
+    only that it failed; other clients read the status)."""
+    del numbered
+    await ws.send_denial_response(
+        Response(json.dumps(err.to_dict()), status_code=err.status, media_type="application/json")
+    )
+
+
+def routes(core: Core, node: Any) -> list[BaseRoute]:
+    """The socket routes of a public app over ``node``, and its hub installed on the node
+    (none for a node without sockets, such as a test's stand-in)."""
+    pushes = getattr(node, "pushes", None)
+    if pushes is None:
+        return []
+    holder = Holder(node.node_id, node.settings.advertise, node.generation)
+
+    async def run_event(
+        cell_id: str, fields: dict[str, Any], caller: Principal | None, key: str | None
+    ) -> Any:
+        cls_name, _, name = cell_id.partition(":")
+        return await core.run(
+            lambda: node.call_cell(cls_name, name, SOCKET_METHOD, fields, key=key, caller=caller)
+        )
+
+    hub = SocketHub(holder, run_event, max_buffer=core.settings.max_socket_buffer)
+    pushes.hub = hub
+    core.socket_hub = hub
+    r = SocketRoutes(core, node, hub)
+    return [WebSocketRoute(WS_ROUTE, r.websocket), Route(EVENTS_ROUTE, r.events, methods=["GET"])]
