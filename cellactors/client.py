@@ -41,7 +41,7 @@ earlier attempt had an unknown outcome, the error raised is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import httpx
@@ -57,6 +57,7 @@ from cellactors.attempts import (
 )
 from cellactors.core.changes import Change
 from cellactors.errors import CallError, error_from_answer
+from cellactors.socket_client import CellSocket
 from cellactors.wire.unsent import WriteWatch
 
 if TYPE_CHECKING:
@@ -200,6 +201,15 @@ class Client(ClientBase[httpx.Client]):
                     return
                 continue
             time.sleep(feed.failed(err))
+
+    def connect(
+        self, cls: type[CellActor] | str, name: str, *, tags: Sequence[str] = (), **options: Any
+    ) -> CellSocket:
+        """A WebSocket to the cell (its ``on_connect`` runs), through the first of the
+        client's nodes that takes it, resumed on another if that node goes away
+        (:class:`~cellactors.socket_client.CellSocket`)."""
+        cls_name = cls if isinstance(cls, str) else cls.__name__
+        return CellSocket(self.urls, cls_name, name, tags=tags, token=self.token, **options)
 
     def close(self) -> None:
         """Close the underlying connection pool (if this client created it)."""

@@ -78,9 +78,7 @@ class CallError(CellactorsError):
 class UnknownCell(CallError):
     """No served CellActor class by that name."""
 
-    status = 404
-    code = "unknown_cell"
-    outcome = NOT_RUN
+    status, code, outcome = 404, "unknown_cell", NOT_RUN
 
 
 class UnknownMethod(UnknownCell):
@@ -92,9 +90,7 @@ class UnknownMethod(UnknownCell):
 class BadRequest(CallError):
     """Invalid cell id, malformed body, or arguments not msgpack-serializable."""
 
-    status = 400
-    code = "bad_request"
-    outcome = NOT_RUN
+    status, code, outcome = 400, "bad_request", NOT_RUN
 
 
 class MethodFailed(CallError):
@@ -156,9 +152,7 @@ class NodeStorageFault(CallError):
 class RemoteOwner(CallError):
     """The cell is owned by another live node; the call must be forwarded there."""
 
-    status = 307
-    code = "remote_owner"
-    outcome = NOT_RUN
+    status, code, outcome = 307, "remote_owner", NOT_RUN
 
     def __init__(self, node: str, addr: str, generation: str = "") -> None:
         super().__init__(f"cell is owned by live node {node} at {addr}")
@@ -170,9 +164,7 @@ class RemoteOwner(CallError):
 class StaleRoute(CallError):
     """A forwarded call reached a node that does not own the cell."""
 
-    status = 409
-    code = "stale_route"
-    outcome = NOT_RUN
+    status, code, outcome = 409, "stale_route", NOT_RUN
     retryable = True
 
 
@@ -372,9 +364,7 @@ class UnknownHost(CallError):
 class Unauthorized(CallError):
     """A peer request failed signature verification; it was not executed."""
 
-    status = 401
-    code = "unauthorized"
-    outcome = NOT_RUN
+    status, code, outcome = 401, "unauthorized", NOT_RUN
 
 
 class StaleTarget(Unauthorized):
@@ -406,9 +396,7 @@ class Forbidden(CallError):
 class PeerRefused(CallError):
     """The owning peer refused our signed forward (key or clock mismatch); not executed."""
 
-    status = 502
-    code = "peer_refused"
-    outcome = NOT_RUN
+    status, code, outcome = 502, "peer_refused", NOT_RUN
 
 
 class InternalError(CallError):
@@ -421,25 +409,19 @@ class InternalError(CallError):
 class DeadLetterNotFound(CallError):
     """The cell has no dead letter with that id (retried or purged already, or never)."""
 
-    status = 404
-    code = "dead_letter_not_found"
-    outcome = NOT_RUN
+    status, code, outcome = 404, "dead_letter_not_found", NOT_RUN
 
 
 class SocketGone(CallError):
     """The cell has no such socket (it was closed, or its holder was lost): open a new one."""
 
-    status = 404
-    code = "socket_gone"
-    outcome = NOT_RUN
+    status, code, outcome = 404, "socket_gone", NOT_RUN
 
 
 class SocketMissed(CallError):
     """A socket resumed after more pushes than the cell keeps: some are lost to it."""
 
-    status = 410
-    code = "socket_missed"
-    outcome = NOT_RUN
+    status, code, outcome = 410, "socket_missed", NOT_RUN
 
 
 class FeedUnavailable(CallError):

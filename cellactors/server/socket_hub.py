@@ -233,7 +233,9 @@ class SocketHub:
                 except CallError as err:
                     log.warning("sockets of %s could not sync: %s", cell_id, err)
                     for conn_id in list(self.by_cell.get(cell_id, ())):
-                        self.sockets[conn_id].shut(sockets.CLOSE_FAILED, "the cell is unreachable")
+                        self.sockets[conn_id].shut(
+                            sockets.CLOSE_TRY_LATER, "the cell is unreachable"
+                        )
                     return
                 self.caught_up(cell_id, answer)
                 return
