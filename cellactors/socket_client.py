@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from cellactors.core import sockets
 
@@ -95,9 +96,10 @@ class CellSocket:
             try:
                 ws = connect(
                     self._url(base, resume),
-                    subprotocols=protocols,  # type: ignore[arg-type]
+                    subprotocols=[Subprotocol(p) for p in protocols],
                     open_timeout=self.open_timeout,
                     max_size=None,
+                    legacy=True,  # held past this call (resumed, closed by close())
                 )
                 hello = json.loads(ws.recv(timeout=self.open_timeout))
             except ConnectionClosed as err:

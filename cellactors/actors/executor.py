@@ -30,6 +30,7 @@ from cellactors.actors.cell_runtime import (
 )
 from cellactors.actors.channel import Outcome
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ReadOutbox, TakeImage
+from cellactors.actors.sockets import is_refusal
 from cellactors.actors.typed import typed_method
 from cellactors.core import alarms
 from cellactors.core.principal import Principal, scoped_key
@@ -419,6 +420,8 @@ class CellExecutor:
             fault = self.storage_fault_of(err)
             if fault is not None:  # rolled back: nothing applied, nothing shipped
                 outcome.error, outcome.value = fault, None
+            elif is_refusal(err):  # the runtime refused a socket event: not the cell's code
+                outcome.error, outcome.value = err, None
             else:  # rolled back, reported; the original (with its traceback) as the cause
                 what = f"{self.cell.cell_id}.{call.method if call is not None else 'on_activate'}"
                 outcome.error, outcome.value = user_failure(err, what), None

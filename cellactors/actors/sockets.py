@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from cellactors.core import sockets
 from cellactors.core.principal import Principal
 from cellactors.core.sockets import Holder, Push
-from cellactors.errors import BadRequest, Forbidden, SocketGone, SocketMissed
+from cellactors.errors import BadRequest, CallError, Forbidden, SocketGone, SocketMissed
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.socket_tables import SocketRow, SocketTables, target_of
 
@@ -154,10 +154,14 @@ def handle(
         return Connection(row, writes)
 
     if event == "connect":
+        try:
+            tags = sockets.check_tags(fields.get("tags") or [])
+        except ValueError as err:
+            raise refusal(BadRequest(str(err))) from None
         row = SocketRow(
             conn_id,
             Holder.from_wire(fields["holder"]),
-            sockets.check_tags(fields.get("tags") or []),
+            tags,
             None,
             cell.caller,
             str(fields.get("kind", "websocket")),
@@ -203,15 +207,26 @@ def handle(
                 connection(row), sockets.CLOSE_HOLDER_LOST, "the node holding it was lost"
             )
         return None
-    raise BadRequest(f"no socket event {event!r}")
+    raise refusal(BadRequest(f"no socket event {event!r}"))
+
+
+def refusal(err: CallError) -> CallError:
+    """``err`` marked as the runtime's own refusal of a socket event (answered as it is,
+    not as a failure of the cell's code)."""
+    err.socket_refusal = True  # type: ignore[attr-defined]
+    return err
+
+
+def is_refusal(err: BaseException) -> bool:
+    return getattr(err, "socket_refusal", False) is True
 
 
 def _held(tables: SocketTables, conn_id: str, caller: Principal | None) -> SocketRow:
     row = tables.get(conn_id)
     if row is None:
-        raise SocketGone(f"socket {conn_id} is not open on this cell")
+        raise refusal(SocketGone(f"socket {conn_id} is not open on this cell"))
     if row.caller != caller:
-        raise Forbidden(f"socket {conn_id} was opened by another caller")
+        raise refusal(Forbidden(f"socket {conn_id} was opened by another caller"))
     return row
 
 
