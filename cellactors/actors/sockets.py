@@ -178,8 +178,11 @@ def handle(
         cell.on_message(connection(row), fields["data"])
         return None
     if event == "close":
+        holder = Holder.from_wire(fields["holder"])
         with writes() as tables:
             closed = tables.get(conn_id)
+            if closed is not None and closed.holder != holder:
+                closed = None  # resumed on another node since: that socket is open
             if closed is not None:
                 tables.remove(conn_id)
         if closed is not None:

@@ -38,7 +38,7 @@ from cellactors.server.auth.authentication import check_exposure
 from cellactors.server.peer_calls import PeerCaller
 from cellactors.server.peer_keys import KeySource, PeerKeys
 from cellactors.server.push_transport import install_push_sender
-from cellactors.server.wire_limits import WireGuard, WireLimits
+from cellactors.server.wire_limits import AbortableSocket, WireGuard, WireLimits
 
 log = logging.getLogger("cellactors.server")
 
@@ -229,7 +229,7 @@ class Runner:
         if which != "public":
             return {"ws": "none"}  # the internal listener takes no upgrade
         return {
-            "ws": "websockets-sansio",
+            "ws": AbortableSocket,  # websockets' sans-I/O protocol, with a way to drop one
             "ws_max_size": self.settings.max_socket_frame,
             "ws_per_message_deflate": False,  # a compressor per socket costs ~100 KiB
             "ws_ping_interval": 20.0,

@@ -49,6 +49,7 @@ from cellactors.server.auth.admission import admit_call
 from cellactors.server.handling import Core, as_call_error
 from cellactors.server.hosts import host_name
 from cellactors.server.socket_hub import HeldSocket, SocketHub
+from cellactors.server.wire_limits import ABORT_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -138,19 +139,27 @@ class SocketRoutes:
         conn_id, after = resume
         fields = {"event": "resume", "conn": conn_id, "holder": holder, "after": after}
         sock.cursor = after
+        displaced = self.hub.sockets.get(conn_id)  # its client's earlier connection here
         self.hub.add(sock)
         try:
             answer = await self.hub.event(cell_id, fields, caller)
             check_resumable(answer, conn_id)
         except BaseException:
             self.hub.remove(sock)
+            if displaced is not None:  # a resume refused (someone else's) changes nothing
+                self.hub.add(displaced)
             raise
+        if displaced is not None:
+            displaced.shut(sockets.CLOSE_GONE, "resumed on another connection")
         self.hub.caught_up(cell_id, answer)
 
     async def closed(
         self, cell_id: str, sock: HeldSocket, caller: Principal | None, code: int, reason: str
     ) -> None:
-        """The client closed ``sock``: its cell hears of it (``on_close``)."""
+        """The client closed ``sock``: its cell hears of it (``on_close``), unless the
+        socket was resumed on another connection meanwhile."""
+        if self.hub.sockets.get(sock.id) is not sock:
+            return
         self.hub.remove(sock)
         fields = {
             "event": "close",
@@ -271,10 +280,10 @@ class SocketRoutes:
                         return
                     yield frame.encode()
             finally:
-                if not sock.closed and not self.hub.stopping:
-                    await self.closed(cell_id, sock, caller, sockets.CLOSE_GOING_AWAY, "")
+                if self.hub.stopping:
+                    self.hub.remove(sock)  # the node stops: the client resumes elsewhere
                 else:
-                    self.hub.remove(sock)
+                    await self.closed(cell_id, sock, caller, sockets.CLOSE_GOING_AWAY, "")
 
         return StreamingResponse(
             stream(),
@@ -321,12 +330,20 @@ def _ws_sender(ws: WebSocket, numbered: bool) -> Any:
     return send
 
 
+#: How long a close may wait for the client to take it before the socket is dropped.
+CLOSE_WAIT_S = 2.0
+
+
 def _ws_closer(ws: WebSocket) -> Any:
     async def close(code: int, reason: str) -> None:
         try:
-            await ws.close(code, reason)
+            await asyncio.wait_for(ws.close(code, reason), CLOSE_WAIT_S)
         except RuntimeError:
             pass  # closed already
+        except TimeoutError:  # a client that reads nothing cannot take a close frame
+            abort = ws.scope.get("extensions", {}).get(ABORT_EXTENSION)
+            if abort is not None:
+                abort()
 
     return close
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from cellactors.actors.metrics import WIRE_LIMITS
 from cellactors.errors import CallError, HeadersTooLarge, NodeUnavailable, RequestTimeout
@@ -315,3 +316,19 @@ class LimitedProtocol(HttpToolsProtocol):
         if err.status == 503:
             lines.append(b"retry-after: %d" % self.guard.retry_after)
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+class AbortableSocket(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol with :data:`ABORT_EXTENSION` in each socket's scope: a
+    socket whose client stopped reading cannot even take its close frame (the close waits
+    for the buffer to drain), so it is dropped instead."""
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][ABORT_EXTENSION] = self._abort
+
+    def _abort(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.abort()

@@ -1,0 +1,217 @@
+"""Sockets into cells on a node served in process (real listeners on loopback, a SeaweedFS
+bucket): tags, attachments and ``connections()``; a message whose transaction failed sends
+nothing; a client that stops reading is cut off (4408) without holding the cell; event
+streams (``/events``); authentication and a socket opened by someone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
+
+from cellactors import CellActor, read_only
+from cellactors.actors.sockets import Connection
+from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.server.app import ServerSettings
+from cellactors.server.auth import ApiKeys, Authentication
+from cellactors.socket_client import CellSocket, SocketClosed
+from tests.helpers.served import ServedNode, served_node
+
+
+class Lobby(CellActor):
+    """Sockets tagged by team; a message ``team:<x>`` moves its socket to team x."""
+
+    def on_activate(self) -> None:
+        self.db.execute("CREATE TABLE IF NOT EXISTS said (text TEXT)")
+
+    def on_connect(self, conn: Connection) -> None:
+        conn.attachment = {"n": 0}
+
+    def on_message(self, conn: Connection, data: str | bytes) -> None:
+        text = data if isinstance(data, str) else data.decode()
+        conn.attachment = {"n": conn.attachment["n"] + 1}
+        if text.startswith("team:"):
+            conn.set_tags(text[5:])
+            return
+        if text == "boom":
+            conn.send("never seen")
+            self.db.execute("INSERT INTO said VALUES ('boom')")
+            raise ValueError("boom")
+        if isinstance(data, bytes):
+            conn.send(data[::-1])
+            return
+        self.db.execute("INSERT INTO said VALUES (?)", [text])
+        self.broadcast(text, tag=conn.tags[0] if conn.tags else None)
+
+    @read_only
+    def roster(self) -> list[dict[str, Any]]:
+        return [
+            {"tags": list(c.tags), "attachment": c.attachment, "kind": c.kind}
+            for c in self.connections()
+        ]
+
+    @read_only
+    def said(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT text FROM said")]
+
+    def shout(self, text: str, size: int = 0, tag: str | None = None) -> int:
+        return self.broadcast(text + "x" * size, tag=tag)
+
+
+@pytest.fixture
+def node(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
+    settings = ServerSettings(max_socket_buffer=256 << 10)
+    with served_node(sw_bucket, "n1", settings, classes=[Lobby]) as served:
+        yield served
+
+
+def ws_url(node: ServedNode, path: str) -> str:
+    return "ws://127.0.0.1:%d%s" % (node.public_port, path)
+
+
+def recv_text(sock: CellSocket, timeout: float = 10) -> str:
+    return str(sock.recv(timeout=timeout))
+
+
+def call(node: ServedNode, method: str, **kwargs: Any) -> Any:
+    answer = httpx.post(f"{node.public}/cells/Lobby/l/{method}", json=kwargs, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["result"]
+
+
+def test_tags_attachments_and_connections(node: ServedNode) -> None:
+    with (
+        CellSocket([node.public], "Lobby", "l", tags=["red"]) as red,
+        CellSocket([node.public], "Lobby", "l") as blue,
+    ):
+        blue.send("team:blue")
+        blue.send("to blue")
+        assert recv_text(blue) == "to blue"
+        red.send("to red")
+        assert recv_text(red) == "to red"
+        assert call(node, "shout", text="all") == 2
+        assert recv_text(red) == "all" and recv_text(blue) == "all"
+        assert call(node, "shout", text="reds", tag="red") == 1
+        assert recv_text(red) == "reds"
+        with pytest.raises(TimeoutError):
+            blue.recv(timeout=0.5)  # the red broadcast went to red only
+        roster = call(node, "roster")
+        assert sorted((r["tags"], r["attachment"], r["kind"]) for r in roster) == [
+            (["blue"], {"n": 2}, "websocket"),
+            (["red"], {"n": 1}, "websocket"),
+        ]
+        blue.send(b"\x01\x02")
+        assert blue.recv(timeout=10) == b"\x02\x01"  # binary frames stay binary
+    # Both closed: the cell heard of it.
+    deadline = time.monotonic() + 10
+    while call(node, "roster") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert call(node, "roster") == []
+
+
+def test_a_failed_message_sends_nothing_and_closes_its_socket(node: ServedNode) -> None:
+    with (
+        CellSocket([node.public], "Lobby", "l") as sock,
+        CellSocket([node.public], "Lobby", "l") as other,
+    ):
+        sock.send("boom")
+        with pytest.raises(SocketClosed) as closed:
+            sock.recv(timeout=10)
+        assert closed.value.code == 1011 and "boom" in closed.value.reason
+        other.send("after")
+        assert recv_text(other) == "after"  # "never seen" was never sent
+    assert call(node, "said") == ["after"]
+
+
+def test_a_client_that_stops_reading_is_cut_off(node: ServedNode) -> None:
+    raw = socket.create_connection(("127.0.0.1", node.public_port))
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.sendall(
+        b"GET /cells/Lobby/l/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n"
+    )
+    assert raw.recv(12) == b"HTTP/1.1 101"
+    try:
+        # Broadcasts the reader never reads: its buffer passes the node's limit.
+        deadline = time.monotonic() + 60
+        while call(node, "roster") and time.monotonic() < deadline:
+            started = time.monotonic()
+            call(node, "shout", text="big", size=64 << 10)
+            assert time.monotonic() - started < 10  # the cell is never held up by it
+        assert call(node, "roster") == []  # cut off, and the cell heard of it
+    finally:
+        raw.close()
+
+
+def test_event_streams_carry_broadcasts_and_resume(node: ServedNode) -> None:
+    with httpx.Client(timeout=30) as http:
+        with http.stream("GET", f"{node.public}/cells/Lobby/l/events") as events:
+            assert events.headers["content-type"].startswith("text/event-stream")
+            lines = events.iter_lines()
+            first = next(lines)
+            assert first.startswith("retry:")
+            event_id = next(lines).removeprefix("id: ")
+            call(node, "shout", text="hello\nworld")
+            got: list[str] = []
+            for line in lines:
+                got.append(line)
+                if line == "" and any(g.startswith("data: world") for g in got):
+                    break
+            assert "data: hello" in got and "data: world" in got
+            last = next(g for g in got if g.startswith("id: ")).removeprefix("id: ")
+        assert last.split(".")[0] == event_id.split(".")[0]
+        # Said while no stream was open: a resume (Last-Event-ID) gets it once.
+        call(node, "shout", text="missed")
+        with http.stream(
+            "GET", f"{node.public}/cells/Lobby/l/events", headers={"Last-Event-ID": last}
+        ) as events:
+            lines = events.iter_lines()
+            seen = [next(lines) for _ in range(6)]
+            assert "data: missed" in seen
+
+
+@pytest.fixture
+def guarded(sw_bucket: S3Bucket, tmp_path: Path) -> Iterator[ServedNode]:
+    keys = {
+        "ak_alice_0123456789abcdef": {"principal": "alice", "roles": ["user"]},
+        "ak_bob_0123456789abcdef01": {"principal": "bob", "roles": ["user"]},
+    }
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps(keys))
+    settings = ServerSettings(authentication=Authentication([ApiKeys(path)]))
+    with served_node(sw_bucket, "n2", settings, classes=[Lobby]) as served:
+        yield served
+
+
+def test_sockets_are_authenticated_like_calls(guarded: ServedNode) -> None:
+    url = ws_url(guarded, "/cells/Lobby/g/ws")
+    with pytest.raises(InvalidStatus) as anonymous:
+        connect(url)
+    assert anonymous.value.response.status_code == 401
+    with pytest.raises(InvalidStatus) as wrong:
+        connect(url, additional_headers={"Authorization": "Bearer ak_nobody_0123456789abcd"})
+    assert wrong.value.response.status_code == 401
+    # A browser's way: the token as a subprotocol.
+    alice = CellSocket([guarded.public], "Lobby", "g", token="ak_alice_0123456789abcdef")
+    with alice:
+        alice.send("hi")
+        assert recv_text(alice) == "hi"
+        # Bob may not take over Alice's socket by naming it.
+        bob_token = Subprotocol("cellactors.bearer.ak_bob_0123456789abcdef01")
+        resume = f"{url}?resume={alice.id}&after=0"
+        with connect(resume, subprotocols=[Subprotocol("cellactors.v1"), bob_token]) as bob:
+            with pytest.raises(ConnectionClosed):
+                bob.recv(timeout=10)
+            assert bob.close_code == 4403
+        alice.send("still mine")
+        assert recv_text(alice) == "still mine"
