@@ -75,7 +75,7 @@ def node(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
 
 
 def ws_url(node: ServedNode, path: str) -> str:
-    return "ws://127.0.0.1:%d%s" % (node.public_port, path)
+    return f"ws://127.0.0.1:{node.public_port}{path}"
 
 
 def recv_text(sock: CellSocket, timeout: float = 10) -> str:
