@@ -215,3 +215,35 @@ def test_sockets_are_authenticated_like_calls(guarded: ServedNode) -> None:
             assert bob.close_code == 4403
         alice.send("still mine")
         assert recv_text(alice) == "still mine"
+
+
+def test_pushes_the_owner_acknowledged_but_never_sent_arrive_through_the_next(
+    sw_bucket: S3Bucket,
+) -> None:
+    """The owner acknowledges a broadcast and dies before sending it (its sends are
+    dropped, then it fences): the node holding the socket sees its owner gone, syncs
+    through the next owner, and the socket gets the broadcast once, with nothing else
+    happening on the cell."""
+    settings = ServerSettings(socket_watch_interval=0.2)
+    with (
+        served_node(sw_bucket, "own", settings, classes=[Lobby]) as owner,
+        served_node(sw_bucket, "hold", settings, classes=[Lobby]) as holder,
+    ):
+        httpx.post(f"{owner.public}/cells/Lobby/w/shout", json={"text": "-"}, timeout=30)
+        assert owner.node.activations.active("Lobby:w") is not None
+        with CellSocket([holder.public], "Lobby", "w") as sock:
+            sock.send("first")
+            assert recv_text(sock) == "first"
+            dropped: list[object] = []
+            owner.node.pushes.transport = lambda _holder, delivery: dropped.append(delivery)
+            assert httpx.post(
+                f"{owner.public}/cells/Lobby/w/shout", json={"text": "lost?"}, timeout=30
+            ).json() == {"result": 1}
+            assert len(dropped) == 1  # acknowledged, and never sent
+            with pytest.raises(TimeoutError):
+                sock.recv(timeout=0.5)
+            owner.node.fence("the test: the owner died after its acknowledgement")
+            assert recv_text(sock, timeout=20) == "lost?"
+            with pytest.raises(TimeoutError):
+                sock.recv(timeout=1)  # once
+            assert holder.node.activations.active("Lobby:w") is not None

@@ -44,7 +44,7 @@ from cellactors.actors.messages import (
     Invoke,
 )
 from cellactors.actors.pykka_ext import LazyThreadingActor
-from cellactors.actors.sockets import Connection
+from cellactors.actors.sockets import Connection, Here
 from cellactors.actors.sockets import handle as handle_socket
 from cellactors.actors.sockets import push as push_to
 from cellactors.core import alarms, keys
@@ -305,14 +305,11 @@ class CellActor(LazyThreadingActor):
     def _cellactors_socket(self, event: str, **fields: Any) -> Any:
         """The runtime's socket events (see :mod:`cellactors.actors.sockets`)."""
         rt = self._require_runtime()
-        services = rt.services
-
-        def synced(holder: str, head: int) -> None:
-            if services is not None:
-                services.socket_synced(rt.cell_id, rt.epoch, holder, head)
-
-        now_ms = rt.clock.now_ms()
-        return handle_socket(self, self._socket_writes, rt.epoch, event, fields, now_ms, synced)
+        if rt.services is None:
+            raise RuntimeError("this cell runs without a node: it has no sockets")
+        ledger = rt.services.pushes
+        here = Here(rt.cell_id, rt.epoch, ledger.holder, ledger.synced)
+        return handle_socket(self, self._socket_writes, here, event, fields, rt.clock.now_ms())
 
     def cell(self, cls: type[CellActor] | str, name: str) -> CellRef:
         """Another cell, to call synchronously: ``self.cell(Account, "bob").credit(amount=5)``."""

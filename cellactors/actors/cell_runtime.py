@@ -18,6 +18,7 @@ from cellactors.actors.messages import Invoke
 from cellactors.actors.typed import check_types
 from cellactors.clock import RuntimeClock, StoreClock
 from cellactors.core.principal import Principal
+from cellactors.core.sockets import Holder
 from cellactors.errors import BadRequest, BadResult
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.database import CellDatabase
@@ -166,7 +167,19 @@ class CellServices(Protocol):
         caller: Principal | None = None,
     ) -> Any: ...
 
-    def socket_synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
+    @property
+    def pushes(self) -> PushLedger:
+        """Where the node keeps what it sent the nodes holding its cells' sockets."""
+        ...
+
+
+class PushLedger(Protocol):
+    """The node's side of its cells' sockets, as a cell's socket events need it."""
+
+    #: This node, as the owner a holder watches (and as a holder of sockets).
+    holder: Holder
+
+    def synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
         """A holder's sync answers with the cell's pushes up to ``head``."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cellactors.core import sockets
@@ -136,19 +137,29 @@ def from_wire(items: Any) -> list[Push]:
     ]
 
 
+@dataclass(frozen=True)
+class Here:
+    """The activation a socket event runs in: the cell, its epoch, the owning node (whom
+    holders watch) and how to tell that node a holder synced up to a push."""
+
+    cell_id: str
+    epoch: int
+    owner: Holder
+    synced: Callable[[str, int, str, int], None]
+
+
 def handle(
     cell: SocketCell,
     writes: Writes,
-    epoch: int,
+    here: Here,
     event: str,
     fields: dict[str, Any],
     now_ms: int,
-    synced: Callable[[str, int], None],
 ) -> Any:
-    """Run socket event ``event`` in the running transaction (see the module); ``synced``
-    tells the node a holder's sync answers with the pushes up to a number. The cell's
+    """Run socket event ``event`` in the running transaction (see the module). The cell's
     handlers run outside ``writes``: their SQL meets the cell's authorizer as ever."""
     conn_id = str(fields.get("conn", ""))
+    epoch = here.epoch
 
     def connection(row: SocketRow) -> Connection:
         return Connection(row, writes)
@@ -171,7 +182,7 @@ def handle(
             tables.add(row)
             head = tables.head()
         cell.on_connect(connection(row))
-        return {"epoch": epoch, "head": head}
+        return {"epoch": epoch, "head": head, "owner": here.owner.to_wire()}
     if event == "message":
         with writes() as tables:
             row = _held(tables, conn_id, cell.caller)
@@ -198,7 +209,7 @@ def handle(
                 row.holder = holder
                 tables.update(row)
                 cursors = {conn_id: int(fields["after"])}
-            return _catch_up(tables, epoch, holder, cursors, synced)
+            return _catch_up(tables, here, holder, cursors)
     if event == "lost":
         holder = Holder.from_wire(fields["holder"])
         with writes() as tables:
@@ -234,11 +245,7 @@ def _held(tables: SocketTables, conn_id: str, caller: Principal | None) -> Socke
 
 
 def _catch_up(
-    tables: SocketTables,
-    epoch: int,
-    holder: Holder,
-    cursors: dict[str, int],
-    synced: Callable[[str, int], None],
+    tables: SocketTables, here: Here, holder: Holder, cursors: dict[str, int]
 ) -> dict[str, Any]:
     """What a holder missed: the retained pushes after each socket's cursor; the sockets
     the cell no longer has there (``gone``), or whose cursor is older than what it keeps
@@ -259,10 +266,11 @@ def _catch_up(
         for p in tables.pushes_for(live, after)
     ]
     head = tables.head()
-    synced(holder.node, head)
+    here.synced(here.cell_id, here.epoch, holder.node, head)
     return {
-        "epoch": epoch,
+        "epoch": here.epoch,
         "head": head,
+        "owner": here.owner.to_wire(),
         "pushes": _wire([p for p in pushes if p.conns]),
         "gone": gone,
         "missed": missed,

@@ -101,10 +101,12 @@ class Delivery:
 
 @dataclass
 class Stream:
-    """What a holder received in order from one cell's owner: its epoch and the last push."""
+    """What a holder received in order from one cell's owner: its epoch, the last push,
+    and the owner (watched: a holder whose owner vanished syncs, to get what it missed)."""
 
     epoch: int
     last: int
+    owner: Holder | None = None
 
 
 class Action(enum.Enum):

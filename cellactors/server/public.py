@@ -290,13 +290,18 @@ def build_public_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         hub = core.socket_hub
+        watch = None
         if hub is not None:
             hub.bind(asyncio.get_running_loop())
+            alive = functools.partial(socket_routes.owner_alive, core.client())
+            watch = asyncio.create_task(hub.watch(alive, core.settings.socket_watch_interval))
         try:
             yield
         finally:
             if hub is not None:
                 hub.close_all(GOING_AWAY, "this node is stopping; resume on another")
+            if watch is not None:
+                watch.cancel()
             await core.aclose()
 
     routes = [

@@ -126,6 +126,7 @@ class SocketHub:
         self.by_cell: dict[str, set[str]] = {}
         self.streams: dict[str, Stream] = {}
         self._syncing: dict[str, list[Delivery]] = {}
+        self._unsynced: dict[str, Holder] = {}  # cell -> its owner, before any push came
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -147,6 +148,7 @@ class SocketHub:
                 if not ids:
                     del self.by_cell[sock.cell_id]
                     self.streams.pop(sock.cell_id, None)
+                    self._unsynced.pop(sock.cell_id, None)
 
     async def event(
         self,
@@ -249,8 +251,9 @@ class SocketHub:
         stream = self.streams.get(cell_id)
         head = int(answer["head"])
         epoch = int(answer["epoch"])
+        owner = Holder.from_wire(answer["owner"])
         if stream is None or stream.epoch != epoch or stream.last < head:
-            self.streams[cell_id] = Stream(epoch, head)
+            self.streams[cell_id] = Stream(epoch, head, owner)
         for push in from_wire(answer["pushes"]):
             self._pass(push)
         for conn_id in answer.get("gone", ()):
@@ -262,12 +265,40 @@ class SocketHub:
             if sock is not None:
                 sock.shut(sockets.CLOSE_MISSED, "messages were lost to this socket")
 
-    def joined(self, cell_id: str, epoch: int) -> None:
+    def joined(self, cell_id: str, answer: dict[str, Any]) -> None:
         """A socket of ``cell_id`` just opened (its cursor set from the connect's answer):
         without a stream from that owner, its first push brings a sync."""
         stream = self.streams.get(cell_id)
-        if stream is not None and stream.epoch != epoch:
+        if stream is not None and stream.epoch != int(answer["epoch"]):
             del self.streams[cell_id]
+        elif stream is None:  # nothing received yet: watch the owner meanwhile
+            self._unsynced[cell_id] = Holder.from_wire(answer["owner"])
+
+    def owners(self) -> dict[Holder, list[str]]:
+        """The other nodes owning cells of the sockets held here, and those cells."""
+        out: dict[Holder, list[str]] = {}
+        for cell_id in self.by_cell:
+            stream = self.streams.get(cell_id)
+            owner = stream.owner if stream is not None else self._unsynced.get(cell_id)
+            if owner is not None and owner.node != self.holder.node:
+                out.setdefault(owner, []).append(cell_id)
+        return out
+
+    async def watch(self, alive: Callable[[Holder], Awaitable[bool]], every: float) -> None:
+        """Until cancelled: every ``every`` seconds, sync the cells whose owner is no longer
+        the process it was (gone, or restarted), so that pushes it acknowledged but had
+        not sent reach the sockets through the next owner even if nothing else happens."""
+        while True:
+            await asyncio.sleep(every)
+            for owner, cells in self.owners().items():
+                try:
+                    ok = await alive(owner)
+                except Exception:
+                    ok = False
+                if not ok:
+                    for cell_id in cells:
+                        self._unsynced.pop(cell_id, None)
+                        self.sync_soon(cell_id)
 
     def close_all(self, code: int, reason: str) -> None:
         """Close every socket (the node is stopping): clients resume elsewhere."""

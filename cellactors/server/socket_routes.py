@@ -25,6 +25,7 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -45,6 +46,7 @@ from cellactors.errors import (
     SocketMissed,
     UnknownCell,
 )
+from cellactors.server import forward
 from cellactors.server.auth.admission import admit_call
 from cellactors.server.handling import Core, as_call_error
 from cellactors.server.hosts import host_name
@@ -134,7 +136,7 @@ class SocketRoutes:
                 self.hub.remove(sock)
                 raise
             sock.cursor = int(answer["head"])
-            self.hub.joined(cell_id, int(answer["epoch"]))
+            self.hub.joined(cell_id, answer)
             return
         conn_id, after = resume
         fields = {"event": "resume", "conn": conn_id, "holder": holder, "after": after}
@@ -379,13 +381,24 @@ async def _refuse(ws: WebSocket, err: CallError, numbered: bool) -> None:
     )
 
 
+async def owner_alive(http: httpx.AsyncClient, owner: Holder) -> bool:
+    """Whether ``owner``'s process still serves (its internal ``/healthz`` names it): one
+    that is gone, restarted, draining or fenced may have sent less than it acknowledged."""
+    try:
+        answer = await http.get(forward.base_url(owner.addr) + "/healthz", timeout=2.0)
+        body = answer.json()
+        return bool(body.get("generation") == owner.generation and body.get("status") == "serving")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
 def routes(core: Core, node: Any) -> list[BaseRoute]:
     """The socket routes of a public app over ``node``, and its hub installed on the node
     (none for a node without sockets, such as a test's stand-in)."""
     pushes = getattr(node, "pushes", None)
     if pushes is None:
         return []
-    holder = Holder(node.node_id, node.settings.advertise, node.generation)
+    holder: Holder = pushes.holder
 
     async def run_event(
         cell_id: str, fields: dict[str, Any], caller: Principal | None, key: str | None

@@ -52,6 +52,7 @@ from cellactors.core.changes import Change
 from cellactors.core.principal import Principal
 from cellactors.core.read_budget import QuickReads
 from cellactors.core.routing import reroutable_error
+from cellactors.core.sockets import Holder
 from cellactors.errors import CallError, NotDurable, RemoteOwner, UnknownCell
 from cellactors.persistence.celldb.runtime_tables import DeadLetter, RuntimeTables
 from cellactors.persistence.control.leases import LeaseStore
@@ -163,7 +164,9 @@ class Node:
         self.alarms = AlarmDriver(self, self.settings.alarm_scan_interval)
         self.outbox = OutboxWorkers(self)
         #: Pushes to sockets, sent once durable to the nodes holding the sockets.
-        self.pushes = PushDriver(self.node_id, self.call_cell)
+        self.pushes = PushDriver(
+            Holder(self.node_id, self.settings.advertise, self.generation), self.call_cell
+        )
         self.activations.listener = CellEvents(self.alarms, self.outbox, self.pushes)
         self.runner = calls.CallRunner(self)
         #: How calls between cells reach a cell owned by another live node (None: they
@@ -363,10 +366,6 @@ class Node:
                         raise
                     self.forget_route(cls_name, name)
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def socket_synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
-        """A holder's sync answered with the cell's pushes up to ``head``."""
-        self.pushes.synced(cell_id, epoch, holder, head)
 
     def activate_here(self, cell_id: str) -> Active:
         """Activate (or resume) a cell on this node through the ownership path, never

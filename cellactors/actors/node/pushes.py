@@ -67,8 +67,10 @@ class _Sender:
 class PushDriver:
     """Sends each cell's acknowledged pushes to the nodes holding their sockets."""
 
-    def __init__(self, node_id: str, call_cell: CallCell, holder_grace: float = 30.0) -> None:
-        self.node_id = node_id
+    def __init__(self, holder: Holder, call_cell: CallCell, holder_grace: float = 30.0) -> None:
+        #: This node (as an owner, and as the holder of the sockets its hub holds).
+        self.holder = holder
+        self.node_id = holder.node
         #: How the cell of a vanished holder's sockets is told (they close, with 1006).
         self.call_cell = call_cell
         self.holder_grace = holder_grace
