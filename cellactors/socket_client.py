@@ -27,7 +27,7 @@ from cellactors.core import sockets
 FINAL_CODES = frozenset(
     {
         sockets.CLOSE_NORMAL,
-        sockets.CLOSE_UNSUPPORTED,
+        sockets.CLOSE_NOT_UTF8,
         sockets.CLOSE_TOO_BIG,
         sockets.CLOSE_FAILED,
         sockets.CLOSE_REFUSED,

@@ -275,3 +275,27 @@ def test_refusals_and_bad_frames(make_fleet: MakeFleet) -> None:
             ws.recv(timeout=10)
         assert ws.close_code == 1009
         assert client.call("Room", "r5", "lines") == []
+
+
+def test_the_owner_paused_past_its_ttl(make_fleet: MakeFleet) -> None:
+    """SIGSTOP of the owner mid-conversation: the next message is answered through the new
+    owner within the TTL and a few seconds (a forward to a paused owner waits no longer
+    than that), once; the paused owner, resumed, fences itself."""
+    fleet = make_fleet(3)
+    own_cell(fleet, fleet[2], "r6")
+    with CellSocket([fleet[0].public_url], "Room", "r6") as a:
+        assert a.recv(timeout=10) == "welcome"
+        a.send("before")
+        assert recv_until(a, lambda got: "before" in got, 15) == ["before"]
+        fleet[2].signal(signal.SIGSTOP)
+        try:
+            paused_at = time.monotonic()
+            a.send("while paused")
+            assert recv_until(a, lambda got: "while paused" in got, 30) == ["while paused"]
+            assert time.monotonic() - paused_at < 2.0 + 6.0
+        finally:
+            fleet[2].signal(signal.SIGCONT)
+        a.send("after")
+        assert recv_until(a, lambda got: "after" in got, 15) == ["after"]
+    lines = httpx.post(f"{fleet[0].public_url}/cells/Room/r6/lines", json={}, timeout=30)
+    assert lines.json()["result"] == ["first", "before", "while paused", "after"]

@@ -247,3 +247,44 @@ def test_pushes_the_owner_acknowledged_but_never_sent_arrive_through_the_next(
             with pytest.raises(TimeoutError):
                 sock.recv(timeout=1)  # once
             assert holder.node.activations.active("Lobby:w") is not None
+
+
+def test_malformed_frames_close_the_socket_and_reach_no_cell(node: ServedNode) -> None:
+    """A text frame that is not UTF-8 and an unmasked client frame are protocol errors: the
+    socket is closed (1007, 1002) and the cell runs nothing."""
+
+    def handshake() -> socket.socket:
+        raw = socket.create_connection(("127.0.0.1", node.public_port), timeout=10)
+        raw.sendall(
+            b"GET /cells/Lobby/m/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += raw.recv(1)
+        assert head.startswith(b"HTTP/1.1 101")
+        return raw
+
+    def close_code(raw: socket.socket) -> int:
+        data = b""
+        while True:
+            chunk = raw.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+            if data[:1] == b"\x88" and len(data) >= 4:
+                break
+        assert data[:1] == b"\x88", data  # a close frame
+        return int.from_bytes(data[2:4], "big")
+
+    mask = b"\x01\x02\x03\x04"
+    payload = bytes(b ^ mask[i % 4] for i, b in enumerate(b"\xff\xfe"))
+    with handshake() as raw:
+        raw.sendall(b"\x81\x82" + mask + payload)  # text, masked, not UTF-8
+        assert close_code(raw) == 1007
+    with handshake() as raw:
+        raw.sendall(b"\x81\x02hi")  # unmasked: clients must mask
+        assert close_code(raw) == 1002
+    answer = httpx.post(f"{node.public}/cells/Lobby/m/said", json={}, timeout=30)
+    assert answer.json() == {"result": []}

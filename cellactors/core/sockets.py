@@ -32,7 +32,7 @@ RETAINED_PUSHES = 256
 # Close codes (RFC 6455 for the standard ones, 4000-4999 are the application's).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # the node holding the socket is stopping: reconnect elsewhere
-CLOSE_UNSUPPORTED = 1003  # a frame of a kind the cell does not take
+CLOSE_NOT_UTF8 = 1007  # a text frame that is not UTF-8 (the protocol closes it)
 CLOSE_HOLDER_LOST = 1006  # (never sent) what ``on_close`` gets when a holder vanished
 CLOSE_TOO_BIG = 1009  # a frame over the node's limit
 CLOSE_FAILED = 1011  # the cell's handler raised, or the cell could not be reached

@@ -13,9 +13,11 @@ that was never sent is ``node_unavailable`` and a stale target ``stale_route`` (
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -32,6 +34,24 @@ from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
 from cellactors.tracing import spans
 from cellactors.wire import codec
 from cellactors.wire.unsent import WriteWatch
+
+#: A shorter wait for the forwards made in this context (seconds; None: the caller's
+#: own timeout). A socket event waits no longer than a lease TTL and a second: past it, a
+#: paused owner can answer nothing valid, and the retry (under the same key) reaches the
+#: next owner.
+_patience: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "cellactors_forward_patience", default=None
+)
+
+
+@contextlib.contextmanager
+def patience(seconds: float) -> Iterator[None]:
+    """Forwards made inside wait at most ``seconds`` for their answer."""
+    token = _patience.set(seconds)
+    try:
+        yield
+    finally:
+        _patience.reset(token)
 
 
 class PeerCaller:
@@ -87,8 +107,13 @@ class PeerCaller:
         )
         watch = WriteWatch()
         try:
+            wait = _patience.get()
             resp = self._client().post(
-                call.url, content=call.body, headers=call.headers, extensions={"trace": watch}
+                call.url,
+                content=call.body,
+                headers=call.headers,
+                extensions={"trace": watch},
+                timeout=httpx.Timeout(wait, connect=min(wait, 3.0)) if wait else self._timeout,
             )
         except (httpx.HTTPError, httpx.InvalidURL) as err:
             if watch.never_sent(err):  # no connection, or the write failed: not run

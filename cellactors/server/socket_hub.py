@@ -127,6 +127,7 @@ class SocketHub:
         self.streams: dict[str, Stream] = {}
         self._syncing: dict[str, list[Delivery]] = {}
         self._unsynced: dict[str, Holder] = {}  # cell -> its owner, before any push came
+        self._strays: set[str] = set()  # sockets being closed on their cell
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -200,14 +201,34 @@ class SocketHub:
                 return
             if action is Action.DELIVER:
                 self.streams[cell_id].last = push.seq
-                self._pass(push)
+                self._pass(cell_id, push)
             prev = push.seq
 
-    def _pass(self, push: Push) -> None:
+    def _pass(self, cell_id: str, push: Push) -> None:
         for conn_id in push.conns:
             sock = self.sockets.get(conn_id)
             if sock is not None:
                 sock.take(push, self.max_buffer)
+            elif conn_id not in self._strays:
+                self._strays.add(conn_id)  # the cell thinks it is here: tell it it is not
+                self.spawn(self._stray(cell_id, conn_id))
+
+    async def _stray(self, cell_id: str, conn_id: str) -> None:
+        """Close, on the cell, a socket it believes held here that is not (its client left
+        while the cell could not be told, or its open's answer was lost)."""
+        fields = {
+            "event": "close",
+            "conn": conn_id,
+            "holder": self.holder.to_wire(),
+            "code": sockets.CLOSE_HOLDER_LOST,
+            "reason": "the node holding it does not have it",
+        }
+        try:
+            await self.event(cell_id, fields, None, f"ws.{conn_id}.stray")
+        except CallError as err:
+            log.info("stray socket %s of %s not closed: %s", conn_id, cell_id, err)
+        finally:
+            self._strays.discard(conn_id)
 
     def _start_sync(self, cell_id: str, held: list[Delivery]) -> None:
         if cell_id in self._syncing:
@@ -255,7 +276,7 @@ class SocketHub:
         if stream is None or stream.epoch != epoch or stream.last < head:
             self.streams[cell_id] = Stream(epoch, head, owner)
         for push in from_wire(answer["pushes"]):
-            self._pass(push)
+            self._pass(cell_id, push)
         for conn_id in answer.get("gone", ()):
             sock = self.sockets.get(str(conn_id))
             if sock is not None:

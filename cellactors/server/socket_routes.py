@@ -46,7 +46,7 @@ from cellactors.errors import (
     SocketMissed,
     UnknownCell,
 )
-from cellactors.server import forward
+from cellactors.server import forward, peer_calls
 from cellactors.server.auth.admission import admit_call
 from cellactors.server.handling import Core, as_call_error
 from cellactors.server.hosts import host_name
@@ -131,7 +131,7 @@ class SocketRoutes:
             }
             self.hub.add(sock)  # before the answer: on_connect's pushes may come first
             try:
-                answer = await self.hub.event(cell_id, fields, caller)
+                answer = await self.hub.event(cell_id, fields, caller, f"ws.{sock.id}.open")
             except BaseException:
                 self.hub.remove(sock)
                 raise
@@ -171,7 +171,7 @@ class SocketRoutes:
             "reason": reason[:120],
         }
         try:
-            await self.hub.event(cell_id, fields, caller)
+            await self.hub.event(cell_id, fields, caller, f"ws.{sock.id}.close")
         except CallError as err:
             log.info("close of socket %s not told to %s: %s", sock.id, cell_id, err)
 
@@ -404,9 +404,12 @@ def routes(core: Core, node: Any) -> list[BaseRoute]:
         cell_id: str, fields: dict[str, Any], caller: Principal | None, key: str | None
     ) -> Any:
         cls_name, _, name = cell_id.partition(":")
-        return await core.run(
-            lambda: node.call_cell(cls_name, name, SOCKET_METHOD, fields, key=key, caller=caller)
-        )
+
+        def call() -> Any:
+            with peer_calls.patience(node.settings.lease_ttl + 1.0):
+                return node.call_cell(cls_name, name, SOCKET_METHOD, fields, key=key, caller=caller)
+
+        return await core.run(call)
 
     hub = SocketHub(holder, run_event, max_buffer=core.settings.max_socket_buffer)
     pushes.hub = hub
