@@ -62,9 +62,9 @@ def test_a_header_pragma_that_changes_ships_an_image_and_a_plain_write_does_not(
         shipped: list[bool] = []
         commit = active.runtime.channel.commit
 
-        def spy(txn: Txn, effect: Any = None, trace: Any = None) -> None:
+        def spy(txn: Txn, effect: Any = None, trace: Any = None, pushes: Any = None) -> None:
             shipped.append(txn.image is not None)
-            commit(txn, effect, trace)
+            commit(txn, effect, trace, pushes)
 
         active.runtime.channel.commit = spy  # type: ignore[method-assign]
         a.call("Versioned", "v", "put", {"k": "x", "v": 2})

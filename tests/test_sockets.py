@@ -24,6 +24,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.auth import ApiKeys, Authentication
 from cellactors.socket_client import CellSocket, SocketClosed
+from tests.helpers.runtime import eventually
 from tests.helpers.served import ServedNode, served_node
 
 
@@ -141,6 +142,7 @@ def test_a_client_that_stops_reading_is_cut_off(node: ServedNode) -> None:
         b"Sec-WebSocket-Version: 13\r\n\r\n"
     )
     assert raw.recv(12) == b"HTTP/1.1 101"
+    eventually(lambda: call(node, "roster") != [])  # its on_connect is durable
     try:
         # Broadcasts the reader never reads: its buffer passes the node's limit.
         deadline = time.monotonic() + 60
@@ -239,7 +241,7 @@ def test_pushes_the_owner_acknowledged_but_never_sent_arrive_through_the_next(
             assert httpx.post(
                 f"{owner.public}/cells/Lobby/w/shout", json={"text": "lost?"}, timeout=30
             ).json() == {"result": 1}
-            assert len(dropped) == 1  # acknowledged, and never sent
+            eventually(lambda: len(dropped) == 1)  # acknowledged, and never sent
             with pytest.raises(TimeoutError):
                 sock.recv(timeout=0.5)
             owner.node.fence("the test: the owner died after its acknowledgement")
