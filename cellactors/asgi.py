@@ -29,6 +29,7 @@ from cellactors.errors import CallError, error_from_answer
 from cellactors.server.app import NodeLike, ServerSettings, build_internal_app, build_public_app
 from cellactors.server.peer_calls import PeerCaller
 from cellactors.server.peer_keys import KeySource, PeerKeys
+from cellactors.server.push_transport import install_push_sender
 from cellactors.server.runner import _serve_one, _Server, wire_limits
 from cellactors.server.wire_limits import WireGuard
 from cellactors.wire import codec
@@ -134,6 +135,7 @@ async def node_lifespan(
             node.node_id, fleet_key, s.forward_timeout, s.forward_connect_timeout, node.store_time
         )
     )
+    install_push_sender(node, fleet_key, s)  # pushes to sockets held by other nodes
     advertised = str(getattr(node.settings, "advertise", "") or "")
     app = build_internal_app(node, fleet_key, s, internal[0], advertised)
     guard = WireGuard("internal", wire_limits(s), None, s.retry_after_seconds)
