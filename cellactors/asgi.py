@@ -130,12 +130,11 @@ async def node_lifespan(
     s = settings or ServerSettings()
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, node.start)
-    node.set_forwarder(
-        PeerCaller(
-            node.node_id, fleet_key, s.forward_timeout, s.forward_connect_timeout, node.store_time
-        )
+    peer = PeerCaller(
+        node.node_id, fleet_key, s.forward_timeout, s.forward_connect_timeout, node.store_time
     )
-    install_push_sender(node, fleet_key, s)  # pushes to sockets held by other nodes
+    node.set_forwarder(peer)
+    install_push_sender(node, peer)  # pushes to sockets held by other nodes
     advertised = str(getattr(node.settings, "advertise", "") or "")
     app = build_internal_app(node, fleet_key, s, internal[0], advertised)
     guard = WireGuard("internal", wire_limits(s), None, s.retry_after_seconds)

@@ -135,29 +135,28 @@ class CellSocket:
     def send(self, data: str | bytes) -> None:
         """Send a message to the cell (its ``on_message``), resuming first if it dropped."""
         while True:
-            if self._closed is not None:
-                raise self._closed
-            ws = self._ws
-            if ws is None:
-                self._open(resume=True)
-                continue
+            ws = self._connection()
             try:
                 ws.send(data)
                 return
             except ConnectionClosed as err:
                 self._resume(err)
 
+    def _connection(self) -> ClientConnection:
+        """The open connection, resumed first if it dropped; raises once closed for good."""
+        while True:
+            if self._closed is not None:
+                raise self._closed
+            if self._ws is not None:
+                return self._ws
+            self._open(resume=True)
+
     def recv(self, timeout: float | None = None) -> str | bytes:
         """The next push (text as ``str``, binary as ``bytes``); ``TimeoutError`` when none
         came within ``timeout``; :class:`SocketClosed` once it is closed for good."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._closed is not None:
-                raise self._closed
-            ws = self._ws
-            if ws is None:
-                self._open(resume=True)
-                continue
+            ws = self._connection()
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 frame = ws.recv(timeout=left)

@@ -71,7 +71,9 @@ class PeerCaller:
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._local = threading.local()
 
-    def _client(self) -> httpx.Client:
+    def client(self) -> httpx.Client:
+        """This thread's keep-alive client to peers (one per thread: httpx's is not
+        shared across threads)."""
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = httpx.Client(timeout=self._timeout)
@@ -108,7 +110,7 @@ class PeerCaller:
         watch = WriteWatch()
         try:
             wait = _patience.get()
-            resp = self._client().post(
+            resp = self.client().post(
                 call.url,
                 content=call.body,
                 headers=call.headers,

@@ -10,7 +10,6 @@ whatever it already passed on.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import httpx
@@ -22,8 +21,8 @@ from cellactors.core.sockets import Delivery, Holder, Push
 from cellactors.errors import NodeUnavailable, NotDurable, StaleRoute, error_from_answer
 from cellactors.persistence.celldb import calls
 from cellactors.server import forward, signing
-from cellactors.server.handling import Core, ServerSettings, as_call_error
-from cellactors.server.peer_keys import KeySource, PeerKeys, key_source
+from cellactors.server.handling import Core, as_call_error
+from cellactors.server.peer_calls import PeerCaller
 from cellactors.wire import codec
 
 log = logging.getLogger(__name__)
@@ -52,35 +51,28 @@ def decode(body: bytes) -> Delivery:
 
 
 class PushSender:
-    """Sends deliveries to holders over signed HTTP (the node's ``pushes.transport``)."""
+    """Sends deliveries to holders over signed HTTP (the node's ``pushes.transport``), with
+    the node's peer caller's keys, clock and connections."""
 
-    def __init__(self, node: Any, fleet_key: bytes | PeerKeys | KeySource, timeout: float) -> None:
-        self.node = node
-        self.keys = key_source(fleet_key)
-        self._timeout = httpx.Timeout(timeout, connect=3.0)
-        self._local = threading.local()
-
-    def _client(self) -> httpx.Client:
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(timeout=self._timeout)
-        return client
+    def __init__(self, peer: PeerCaller) -> None:
+        self.peer = peer
 
     def __call__(self, holder: Holder, delivery: Delivery) -> None:
         body = encode(delivery)
+        peer = self.peer
         headers = signing.sign_request(
-            self.keys().signing,
+            peer.keys().signing,
             "POST",
             PUSHES_ROUTE,
             body,
-            source=self.node.node_id,
+            source=peer.node_id,
             target=holder.node,
             target_generation=holder.generation,
-            now=self.node.store_time(),
+            now=peer.clock(),
         )
         url = forward.base_url(holder.addr) + PUSHES_ROUTE
         try:
-            resp = self._client().post(url, content=body, headers=headers)
+            resp = peer.client().post(url, content=body, headers=headers)
         except httpx.HTTPError as err:
             raise NodeUnavailable(f"holder {holder.node} is unreachable: {err!r}") from err
         if resp.is_success:
@@ -92,13 +84,11 @@ class PushSender:
         raise NotDurable(f"holder {holder.node} did not take the pushes: {answer}")
 
 
-def install_push_sender(
-    node: Any, fleet_key: bytes | PeerKeys | KeySource, settings: ServerSettings
-) -> None:
+def install_push_sender(node: Any, peer: PeerCaller) -> None:
     """Give a node's push driver the signed sender (a node without one has no sockets)."""
     pushes = getattr(node, "pushes", None)
     if pushes is not None:
-        pushes.transport = PushSender(node, fleet_key, settings.forward_timeout)
+        pushes.transport = PushSender(peer)
 
 
 async def receive_pushes(core: Core, nonces: signing.NonceCache, request: Request) -> Response:

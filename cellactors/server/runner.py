@@ -134,19 +134,18 @@ class Runner:
         check_exposure(self.settings.authentication, public[0], self.settings.allow_anonymous)
         self.fence = fence or FenceLatch()
         self.fence_stream = fence_stream
+        peer = PeerCaller(
+            node.node_id,
+            fleet_key,
+            self.settings.forward_timeout,
+            self.settings.forward_connect_timeout,
+            node.store_time,
+        )
         install = getattr(node, "set_forwarder", None)
         if install is not None:  # calls between cells reach other nodes' cells signed
-            install(
-                PeerCaller(
-                    node.node_id,
-                    fleet_key,
-                    self.settings.forward_timeout,
-                    self.settings.forward_connect_timeout,
-                    node.store_time,
-                )
-            )
+            install(peer)
+        install_push_sender(node, peer)  # and pushes, the nodes holding sockets
         self.public_app = build_public_app(node, fleet_key, self.settings)
-        install_push_sender(node, fleet_key, self.settings)
         # Peers dial the address the node advertises in its lease: the listener answers to it.
         advertised = str(getattr(getattr(node, "settings", None), "advertise", "") or "")
         self.internal_app = build_internal_app(

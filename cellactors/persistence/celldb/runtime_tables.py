@@ -24,6 +24,7 @@ from cellactors.core.alarms import Pending, Wake, WakeState
 from cellactors.core.principal import Principal
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.socket_tables import SOCKET_SQL
+from cellactors.persistence.celldb.socket_tables import table_exists as _exists
 
 ALARM_TABLE = "_cellactors_alarm"
 ALARM_SQL = (
@@ -78,15 +79,6 @@ RUNTIME_SQL = {
     DEAD_LETTER_TABLE: DEAD_LETTER_SQL,
     **SOCKET_SQL,
 }
-
-
-def _exists(conn: sqlite3.Connection, table: str) -> bool:
-    return (
-        conn.execute(
-            "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?", (table,)
-        ).fetchone()
-        is not None
-    )
 
 
 def _encode_message(kwargs: dict[str, Any], caller: Principal | None, trace: str = "") -> bytes:

@@ -78,7 +78,8 @@ def _matches(target: str, row: SocketRow) -> bool:
     return target[len(_TAG) :] in row.tags
 
 
-def _exists(conn: sqlite3.Connection, table: str) -> bool:
+def table_exists(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether the cell's database has ``table`` (a runtime table exists from its first use)."""
     return (
         conn.execute(
             "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?", (table,)
@@ -99,7 +100,7 @@ class SocketTables:
     sent: list[tuple[Push, dict[str, Holder]]] = field(default_factory=list)
 
     def _ensure(self, table: str) -> None:
-        if not _exists(self.conn, table):
+        if not table_exists(self.conn, table):
             self.conn.execute(SOCKET_SQL[table])
 
     # --- sockets ------------------------------------------------------------------------
@@ -120,7 +121,7 @@ class SocketTables:
         )
 
     def _rows(self, where: str = "", params: tuple[Any, ...] = ()) -> list[SocketRow]:
-        if not _exists(self.conn, SOCKETS_TABLE):
+        if not table_exists(self.conn, SOCKETS_TABLE):
             return []
         found = self.conn.execute(
             "SELECT id, holder, tags, attachment, caller, kind, opened_ms "
@@ -164,7 +165,7 @@ class SocketTables:
         )
 
     def remove(self, conn_id: str) -> bool:
-        if not _exists(self.conn, SOCKETS_TABLE):
+        if not table_exists(self.conn, SOCKETS_TABLE):
             return False
         cur = self.conn.execute(f"DELETE FROM main.{SOCKETS_TABLE} WHERE id = ?", (conn_id,))
         return cur.rowcount > 0
@@ -173,14 +174,14 @@ class SocketTables:
 
     def head(self) -> int:
         """The number of the last push sent (0: none yet)."""
-        if not _exists(self.conn, PUSHES_TABLE):
+        if not table_exists(self.conn, PUSHES_TABLE):
             return 0
         row = self.conn.execute(f"SELECT MAX(seq) FROM main.{PUSHES_TABLE}").fetchone()
         return int(row[0] or 0)
 
     def floor(self) -> int:
         """The oldest push retained, or 0 when none was ever dropped (all are kept)."""
-        if not _exists(self.conn, PUSHES_TABLE):
+        if not table_exists(self.conn, PUSHES_TABLE):
             return 0
         row = self.conn.execute(f"SELECT MIN(seq) FROM main.{PUSHES_TABLE}").fetchone()
         low = int(row[0] or 0)
@@ -214,7 +215,7 @@ class SocketTables:
     def pushes_for(self, rows: list[SocketRow], after: int) -> list[Push]:
         """The retained pushes after ``after`` to any of ``rows``, each naming those of
         ``rows`` its target matches now."""
-        if not _exists(self.conn, PUSHES_TABLE) or not rows:
+        if not table_exists(self.conn, PUSHES_TABLE) or not rows:
             return []
         found = self.conn.execute(
             f"SELECT seq, target, kind, data, code FROM main.{PUSHES_TABLE} "
