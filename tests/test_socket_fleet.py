@@ -299,3 +299,31 @@ def test_the_owner_paused_past_its_ttl(make_fleet: MakeFleet) -> None:
         assert recv_until(a, lambda got: "after" in got, 15) == ["after"]
     lines = httpx.post(f"{fleet[0].public_url}/cells/Room/r6/lines", json={}, timeout=30)
     assert lines.json()["result"] == ["first", "before", "while paused", "after"]
+
+
+def test_a_served_process_authenticates_sockets(make_fleet: MakeFleet, tmp_path: Path) -> None:
+    """One ``serve`` process with API keys: an anonymous socket is refused (401); a token
+    sent as a subprotocol is admitted, and its sockets hear each other and the calls."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"ak_ann_0123456789abcdef01": {"principal": "ann"}}))
+    fleet = make_fleet(1, extra=["--api-keys", str(keys)])
+    url = fleet[0].public_url
+    with pytest.raises(InvalidStatus) as anonymous:
+        connect("ws" + url[len("http") :] + "/cells/Room/t/ws")
+    assert anonymous.value.response.status_code == 401
+    token = "ak_ann_0123456789abcdef01"
+    with (
+        CellSocket([url], "Room", "t", token=token, tags=["red"]) as red,
+        CellSocket([url], "Room", "t", token=token, tags=["blue"]) as blue,
+    ):
+        assert red.recv(timeout=10) == "welcome" and blue.recv(timeout=10) == "welcome"
+        red.send("to all")
+        assert recv_until(blue, lambda got: "to all" in got, 15) == ["to all"]
+        client = Client(url, token=token)
+        assert client.call("Room", "t", "say", text="hi") == 2
+        assert recv_until(blue, lambda got: "hi" in got, 15) == ["hi"]
+        assert recv_until(red, lambda got: "hi" in got, 15) == ["to all", "hi"]
+        client.close()

@@ -45,6 +45,7 @@ class HeldSocket:
         "close",
         "closed",
         "cursor",
+        "held",
         "id",
         "queue",
         "send",
@@ -61,7 +62,16 @@ class HeldSocket:
         self.queue: collections.deque[Push] = collections.deque()
         self.buffered = 0
         self.closed = False
+        #: Frames wait until the socket's open is answered (its first frame, the hello,
+        #: goes before any push): :meth:`release`.
+        self.held = True
         self._writer: asyncio.Task[None] | None = None
+
+    def release(self) -> None:
+        """The socket is open: its queued frames may go."""
+        self.held = False
+        if self.queue and self._writer is None and not self.closed:
+            self._writer = asyncio.get_running_loop().create_task(self._write())
 
     def take(self, push: Push, max_buffer: int) -> None:
         """Queue ``push`` for the client (if it is past the cursor); cut off a client whose
@@ -74,7 +84,7 @@ class HeldSocket:
         if self.buffered > max_buffer:
             self.shut(sockets.CLOSE_SLOW, "the client read too slowly")
             return
-        if self._writer is None:
+        if self._writer is None and not self.held:
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     async def _write(self) -> None:

@@ -200,6 +200,7 @@ class SocketRoutes:
             return
         if numbered:
             await ws.send_text(json.dumps({"conn": conn_id, "seq": sock.cursor}))
+        sock.release()
         await self._converse(ws, cell_id, sock, caller)
 
     async def _converse(
@@ -269,6 +270,7 @@ class SocketRoutes:
 
         async def stream() -> AsyncIterator[bytes]:
             yield f"retry: 1000\nid: {conn_id}.{sock.cursor}\ndata: \n\n".encode()
+            sock.release()
             try:
                 while True:
                     try:
