@@ -70,7 +70,7 @@ class Lobby(CellActor):
 
 @pytest.fixture
 def node(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
-    settings = ServerSettings(max_socket_buffer=256 << 10)
+    settings = ServerSettings(max_socket_buffer=256 << 10, socket_resume_grace=3.0)
     with served_node(sw_bucket, "n1", settings, classes=[Lobby]) as served:
         yield served
 
@@ -133,15 +133,20 @@ def test_a_failed_message_sends_nothing_and_closes_its_socket(node: ServedNode) 
     assert call(node, "said") == ["after"]
 
 
-def test_a_client_that_stops_reading_is_cut_off(node: ServedNode) -> None:
+@pytest.mark.parametrize("kind", ["ws", "events"])
+def test_a_client_that_stops_reading_is_cut_off(node: ServedNode, kind: str) -> None:
     raw = socket.create_connection(("127.0.0.1", node.public_port))
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    raw.sendall(
-        b"GET /cells/Lobby/l/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-        b"Sec-WebSocket-Version: 13\r\n\r\n"
+    upgrade = (
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
     )
-    assert raw.recv(12) == b"HTTP/1.1 101"
+    raw.sendall(
+        f"GET /cells/Lobby/l/{kind} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+        + (upgrade if kind == "ws" else b"")
+        + b"\r\n"
+    )
+    assert raw.recv(12) == (b"HTTP/1.1 101" if kind == "ws" else b"HTTP/1.1 200")
     eventually(lambda: call(node, "roster") != [])  # its on_connect is durable
     try:
         # Broadcasts the reader never reads: its buffer passes the node's limit.
@@ -180,6 +185,7 @@ def test_event_streams_carry_broadcasts_and_resume(node: ServedNode) -> None:
             lines = events.iter_lines()
             seen = [next(lines) for _ in range(6)]
             assert "data: missed" in seen
+    eventually(lambda: call(node, "roster") == [])  # a stream its reader left is closed
 
 
 @pytest.fixture

@@ -177,6 +177,7 @@ class ServerSettings:
     max_socket_buffer: int = 1 << 20  # unsent bytes per socket; beyond: closed with 4408
     max_socket_frame: int = 1 << 20  # bytes of one frame a client sends; beyond: 1009
     socket_watch_interval: float = 2.0  # how often a holder checks its cells' owners live
+    socket_resume_grace: float = 30.0  # a dropped socket (no close) may be resumed this long
     graceful_timeout: float = 60.0  # after drain, how long in-flight requests may take
     fence_grace_seconds: float = 2.0  # after a self-fence; the process exits within 5 s of it
     fence_poll_interval: float = 0.5  # runner checks node.status this often

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import secrets
@@ -156,13 +157,24 @@ class SocketRoutes:
         self.hub.caught_up(cell_id, answer)
 
     async def closed(
-        self, cell_id: str, sock: HeldSocket, caller: Principal | None, code: int, reason: str
+        self,
+        cell_id: str,
+        sock: HeldSocket,
+        caller: Principal | None,
+        code: int,
+        reason: str,
+        dropped: bool = False,
     ) -> None:
         """The client closed ``sock``: its cell hears of it (``on_close``), unless the
-        socket was resumed on another connection meanwhile."""
+        socket was resumed on another connection meanwhile. A ``dropped`` connection (no
+        close from its client) may be resumed for ``socket_resume_grace`` seconds first."""
         if self.hub.sockets.get(sock.id) is not sock:
             return
         self.hub.remove(sock)
+        if dropped:
+            await asyncio.sleep(self.core.settings.socket_resume_grace)
+            if sock.id in self.hub.sockets:
+                return  # resumed here: the socket lives on
         fields = {
             "event": "close",
             "conn": sock.id,
@@ -236,7 +248,8 @@ class SocketRoutes:
         if self.hub.stopping:
             self.hub.remove(sock)  # the node stops: the client resumes elsewhere
             return
-        await self.closed(cell_id, sock, caller, code, reason)
+        dropped = code == sockets.CLOSE_HOLDER_LOST  # no close frame: it may come back
+        self.hub.spawn(self.closed(cell_id, sock, caller, code, reason, dropped))
 
     # --- server-sent events -------------------------------------------------------------
 
@@ -250,17 +263,26 @@ class SocketRoutes:
         except (CallError, InvalidCellId) as err:
             return self.core.error(as_call_error(err), "json")
         cell_id = keys.make_cell_id(cls_name, name)
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=EVENT_QUEUE)
         conn_id = resume[0] if resume else sockets.new_conn_id()
+        ended = asyncio.Event()
 
         async def send(push: Push) -> None:
-            queue.put_nowait(_event_frame(conn_id, push))
+            await queue.put(_event_frame(conn_id, push))
+
+        closing: list[str] = []
 
         async def close(code: int, reason: str) -> None:
-            queue.put_nowait(
-                f"event: close\ndata: {json.dumps({'code': code, 'reason': reason})}\n\n"
-            )
-            queue.put_nowait(None)
+            detail = json.dumps({"code": code, "reason": reason})
+            closing.append(f"event: close\ndata: {detail}\n\n")
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)  # wakes a reader waiting for a frame
+            try:
+                await asyncio.wait_for(ended.wait(), CLOSE_WAIT_S)
+            except TimeoutError:  # stuck writing to a reader that reads nothing: drop it
+                abort = request.scope.get("extensions", {}).get(ABORT_EXTENSION)
+                if abort is not None:
+                    abort()
 
         sock = HeldSocket(conn_id, cell_id, 0, send, close)
         try:
@@ -272,7 +294,7 @@ class SocketRoutes:
             yield f"retry: 1000\nid: {conn_id}.{sock.cursor}\ndata: \n\n".encode()
             sock.release()
             try:
-                while True:
+                while not closing:
                     try:
                         frame = await asyncio.wait_for(
                             queue.get(), self.core.settings.feed_heartbeat
@@ -280,14 +302,17 @@ class SocketRoutes:
                     except TimeoutError:
                         yield b": heartbeat\n\n"
                         continue
-                    if frame is None:
-                        return
-                    yield frame.encode()
+                    if frame is not None:
+                        yield frame.encode()
+                yield closing[0].encode()
             finally:
+                ended.set()
                 if self.hub.stopping:
                     self.hub.remove(sock)  # the node stops: the client resumes elsewhere
-                else:
-                    await self.closed(cell_id, sock, caller, sockets.CLOSE_GOING_AWAY, "")
+                else:  # a task of its own: this generator may be closing by cancellation
+                    # An event stream never says goodbye: its reader may be back.
+                    gone = self.closed(cell_id, sock, caller, sockets.CLOSE_GOING_AWAY, "", True)
+                    self.hub.spawn(gone)
 
         return StreamingResponse(
             stream(),
@@ -336,6 +361,9 @@ def _ws_sender(ws: WebSocket, numbered: bool) -> Any:
 
 #: How long a close may wait for the client to take it before the socket is dropped.
 CLOSE_WAIT_S = 2.0
+#: Events an event stream holds ready for its reader: past them, its socket's writer
+#: waits, and its unsent frames count in the socket's buffer (cut off past the limit).
+EVENT_QUEUE = 1
 
 
 def _ws_closer(ws: WebSocket) -> Any:
