@@ -89,7 +89,7 @@ def test_scraped_metrics_count_calls_batches_and_acks_exactly(
     assert value(after, "cellactors_resident_cells") == 1
     assert value(after, "cellactors_unacked_transactions") == 0
     assert (
-        value(after, "cellactors_activations_total", **{"class": "Counter", "source": "bucket"})
+        value(after, "cellactors_activations_total", **{"class": "Counter", "source": "new"})
         == 1
     )
     assert value(after, "cellactors_fences_total") == 0

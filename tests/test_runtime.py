@@ -67,6 +67,30 @@ def test_lone_write_is_one_put_and_one_owner_get(sw_bucket: S3Bucket) -> None:
         node.stop()
 
 
+def test_a_never_owned_cell_activates_without_listing_or_sealing(sw_bucket: S3Bucket) -> None:
+    """The claim that creates ``own.json`` proves the cell has no history: its first call
+    costs the create, the read before it, and one PUT and one re-read per batch (on_activate's
+    schema, then the write); no listing, no seal (it was 1 more, a LIST, before)."""
+    node = make_node(sw_bucket, "n1")
+    try:
+        before = node.bucket.snapshot()
+        assert node.cell(Counter, "fresh").increment("x") == 1
+        assert delta(node, before) == Tally(
+            {("get", "own"): 3, ("put_cas", "own"): 1, ("put", "batch"): 2}
+        )
+        assert node.state()["cells"][0]["restored_from"] == "new"
+        # A cell that existed is restored from the bucket as ever (a takeover, a restart).
+        node.passivate("Counter:fresh")
+        other = make_node(sw_bucket, "n2")
+        try:
+            assert other.cell(Counter, "fresh").increment("x") == 2
+            assert other.state()["cells"][0]["restored_from"] == "bucket"
+        finally:
+            other.stop()
+    finally:
+        node.stop()
+
+
 def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
     # "Concurrent" means all 64 are in flight at once. Released by a barrier alone, the
     # writers can trickle in over many uploads on a loaded machine (a CI run once counted 13

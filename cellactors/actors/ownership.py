@@ -31,6 +31,7 @@ from cellactors.core import acquire as acq
 from cellactors.core import keys
 from cellactors.core.alarms import WakeState
 from cellactors.core.storage import storage_fault_reason
+from cellactors.core.types import Absent
 from cellactors.errors import (
     ActivationFailed,
     ActivationRaised,
@@ -299,6 +300,11 @@ class OwnershipActor(PooledActor):
                 remove_db_files(path)
         if local is not None:
             remove_db_files(local.path)
+        if database is None and isinstance(claim.guard, Absent):
+            # Nobody ever owned the cell: its own.json did not exist, and this claim created
+            # it (own.json is never deleted). So no batch, seal or snapshot of it can exist:
+            # nothing to list, restore or seal.
+            database, last_txid, chain, source = self._database(path), 0, ChainState(), "new"
         if database is None:
             database, last_txid, chain = self._restore_from_bucket(path, epoch, claim.floor)
         return self._open(epoch, database, last_txid, chain, source)
