@@ -2,12 +2,12 @@
 and holds them until told to let go.
 
 ``python -m bench.socket_load --url ws://127.0.0.1:P --cls C --cells N --per-cell K`` opens
-K sockets to each of the paths ``/cells/C/c<i>/ws`` (i < N), with the subprotocol
-``cellactors.v1``, each counted open once its hello frame arrived (on a node: once the
-cell's ``on_connect`` is durable), at most ``--concurrency`` handshakes at a time. It
-prints one JSON line ``{"opened": n, "failed": m, "seconds": s}``, then holds the sockets
-(answering pings) until a line arrives on stdin or stdin closes, and exits without closing
-them (the server sees them drop, or is gone already).
+K sockets to each of the paths ``/cells/C/c<i>/ws`` (i < N), a cell's K one after another,
+with the subprotocol ``cellactors.v1``, each counted open once its hello frame arrived (on a
+node: once the cell's ``on_connect`` is durable), at most ``--concurrency`` handshakes at a
+time. It prints one JSON line ``{"opened": n, "failed": m, "seconds": s}``, then holds the
+sockets (answering pings) until a line arrives on stdin or stdin closes, and exits without
+closing them (the server sees them drop, or is gone already).
 
 It imports no cellactors: the process holds the sockets and nothing else.
 """
@@ -77,10 +77,12 @@ async def open_many(urls: list[str], concurrency: int) -> tuple[list[ClientConne
 
 
 async def _main(args: argparse.Namespace) -> None:
+    # A cell's sockets one after another: they open together (their on_connects share
+    # batches) and wake a hibernated cell once.
     urls = [
         f"{args.url}/cells/{args.cls}/c{i}/ws"
-        for _ in range(args.per_cell)
         for i in range(args.cells)
+        for _ in range(args.per_cell)
     ]
     raise_nofile(len(urls) + 100)
     start = time.perf_counter()
