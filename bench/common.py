@@ -54,6 +54,12 @@ class Sizes:
     failover_ttl: float = 3.0  # rows 10-11: lease TTL of the fleet
     history: int = 870  # row 11: single-write batches of the cell before its owner dies
     load_window: float = 10.0  # row 12: seconds of the 256-cell load per run
+    socket_cells: int = 1000  # row 15: cells holding the idle sockets of the density row
+    sockets_per_cell: int = 10  # row 15: idle sockets per cell
+    socket_density_runs: int = 1  # row 15: density runs (each opens every socket twice)
+    socket_roundtrips: int = 200  # row 15: socket round trips (and as many calls) per run
+    broadcast_sockets: int = 1000  # row 15: sockets of the broadcasting cell
+    broadcasts: int = 15  # row 15: broadcasts per run
 
     @staticmethod
     def quick() -> Sizes:
@@ -69,6 +75,10 @@ class Sizes:
             idle_window=15.0,
             history=300,
             load_window=3.0,
+            socket_cells=50,
+            socket_roundtrips=100,
+            broadcast_sockets=100,
+            broadcasts=10,
         )
 
     def scaled(self, factor: float) -> Sizes:
@@ -96,6 +106,10 @@ class Sizes:
             idle_window=max(3.0, self.idle_window * factor),
             history=n(self.history, 10),
             load_window=max(1.0, self.load_window * factor),
+            socket_cells=n(self.socket_cells, 5),
+            socket_roundtrips=n(self.socket_roundtrips, 20),
+            broadcast_sockets=n(self.broadcast_sockets, 10),
+            broadcasts=n(self.broadcasts, 3),
         )
 
     def as_dict(self) -> dict[str, Any]:

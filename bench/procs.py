@@ -91,7 +91,8 @@ class ServerProc:
 
 
 class NodeProc(ServerProc):
-    """One ``cellactors serve`` process serving ``examples/counter.py``."""
+    """One ``cellactors serve`` process serving ``app`` (``examples/counter.py`` unless
+    told otherwise: a file or a module)."""
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class NodeProc(ServerProc):
         *,
         lease_ttl: float = 10.0,
         extra: tuple[str, ...] = (),
+        app: str | Path = COUNTER_APP,
     ) -> None:
         port, self.internal_port = free_port(), free_port()
         self.lease_ttl = lease_ttl
@@ -111,7 +113,7 @@ class NodeProc(ServerProc):
             "cellactors.cli",
             "serve",
             "--app",
-            str(COUNTER_APP),
+            str(app),
             "--bucket",
             bucket_spec,
             "--endpoint",

@@ -10,7 +10,9 @@ concurrently vs bare PUT+GET pairs/s (>= 0.9x); 4 warm reads over HTTP vs a bare
 8 a snapshot bounds the third restore; 9 idle node requests/s (<= 0.35); 10 failover after
 SIGKILL, TTL 3 s (<= 4 s); 13 lone write p50 on an embedded store that syncs each object vs
 one that does not (<= 2x); 14 a warm write and read with checked annotations vs without
-(<= 1.1x). See docs/performance.md.
+(<= 1.1x); 15 WebSockets: memory per idle socket vs a bare echo app (<= 1.3x), a
+message round trip vs an HTTP call doing the same insert (<= 1.3x), a broadcast to 1,000
+sockets until the last has it (p50 <= 50 ms). See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 from bench.common import BENCH_KEYS, REPO, Env, Row, Sizes, store_environment
 
-GROUPS = tuple(range(1, 15))
+GROUPS = tuple(range(1, 16))
 
 
 def row_ids(sizes: Sizes) -> list[str]:
@@ -44,7 +46,8 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += ["6-activations"]
     ids += ["7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
     ids += ["11-failover-history", "12-lease-under-load", "13-store-sync"]
-    return [*ids, "14-typed-write", "14-typed-read"]
+    ids += ["14-typed-write", "14-typed-read"]
+    return [*ids, "15-socket-density", "15-socket-roundtrip", "15-socket-broadcast"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,7 +95,7 @@ def log(message: str) -> None:
 
 def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
     """Run the selected row groups; (rows, errors). A failing group is reported, not fatal."""
-    from bench import rows_calls, rows_cells, rows_fleet, rows_store, rows_typed
+    from bench import rows_calls, rows_cells, rows_fleet, rows_sockets, rows_store, rows_typed
     from bench.procs import NodeProc
 
     rows: list[Row] = []
@@ -146,6 +149,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (11, rows_fleet.row11),
             (13, rows_store.row13),
             (14, rows_typed.row14),
+            (15, rows_sockets.row15),
         ):
             if number in groups:
                 group(f"row {number}", functools.partial(env_fn, env))
