@@ -89,8 +89,7 @@ def test_scraped_metrics_count_calls_batches_and_acks_exactly(
     assert value(after, "cellactors_resident_cells") == 1
     assert value(after, "cellactors_unacked_transactions") == 0
     assert (
-        value(after, "cellactors_activations_total", **{"class": "Counter", "source": "new"})
-        == 1
+        value(after, "cellactors_activations_total", **{"class": "Counter", "source": "new"}) == 1
     )
     assert value(after, "cellactors_fences_total") == 0
     assert renewals_before <= value(after, "cellactors_lease_renewals_total") <= renewals_after

@@ -64,6 +64,11 @@ class Lobby(CellActor):
     def said(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT text FROM said")]
 
+    def retag_then_fail(self) -> None:
+        for conn in self.connections():
+            conn.set_tags("changed")
+        raise ValueError("rolled back, tags and all")
+
     def shout(self, text: str, size: int = 0, tag: str | None = None) -> int:
         return self.broadcast(text + "x" * size, tag=tag)
 
@@ -110,6 +115,12 @@ def test_tags_attachments_and_connections(node: ServedNode) -> None:
             (["blue"], {"n": 2}, "websocket"),
             (["red"], {"n": 1}, "websocket"),
         ]
+        # A transaction that rolls back leaves the sockets as they were.
+        failed = httpx.post(f"{node.public}/cells/Lobby/l/retag_then_fail", json={}, timeout=30)
+        assert failed.status_code == 422
+        assert sorted(r["tags"] for r in call(node, "roster")) == [["blue"], ["red"]]
+        assert call(node, "shout", text="reds again", tag="red") == 1
+        assert recv_text(red) == "reds again"
         blue.send(b"\x01\x02")
         assert blue.recv(timeout=10) == b"\x02\x01"  # binary frames stay binary
     # Both closed: the cell heard of it.

@@ -163,6 +163,9 @@ class CellExecutor:
             return rt.database.run(
                 fn, check, on_write, read_only=read_only, interrupt_at=interrupt_at
             )
+        except BaseException:
+            rt.database.sockets.forget()  # rolled back: its copy of the sockets may be off
+            raise
         finally:
             self.cell._in_txn = False
 

@@ -94,10 +94,19 @@ class SocketTables:
 
     ``sent`` collects the pushes of the current transaction (with the holders of their
     sockets resolved) for the replicator to hand on once it is durable; the cell clears it
-    at the start of every transaction."""
+    at the start of every transaction.
+
+    The sockets are read once and kept (a broadcast to a thousand sockets must not decode a
+    thousand rows): only the runtime writes the table, through these methods, which keep the
+    copy in step; a transaction that rolls back makes it :meth:`forget` them."""
 
     conn: sqlite3.Connection
     sent: list[tuple[Push, dict[str, Holder]]] = field(default_factory=list)
+    _known: dict[str, SocketRow] | None = None
+
+    def forget(self) -> None:
+        """Drop the copy of the sockets (the transaction that changed them rolled back)."""
+        self._known = None
 
     def _ensure(self, table: str) -> None:
         if not table_exists(self.conn, table):
@@ -119,14 +128,22 @@ class SocketTables:
                 row.opened_ms,
             ),
         )
+        self._sockets()[row.id] = row
 
-    def _rows(self, where: str = "", params: tuple[Any, ...] = ()) -> list[SocketRow]:
+    def _sockets(self) -> dict[str, SocketRow]:
+        if self._known is None:
+            self._known = {row.id: row for row in self._read()}
+        return self._known
+
+    def _rows(self) -> list[SocketRow]:
+        return list(self._sockets().values())
+
+    def _read(self) -> list[SocketRow]:
         if not table_exists(self.conn, SOCKETS_TABLE):
             return []
         found = self.conn.execute(
             "SELECT id, holder, tags, attachment, caller, kind, opened_ms "
-            f"FROM main.{SOCKETS_TABLE} {where} ORDER BY opened_ms, id",
-            params,
+            f"FROM main.{SOCKETS_TABLE} ORDER BY opened_ms, id"
         ).fetchall()
         return [
             SocketRow(
@@ -142,8 +159,7 @@ class SocketTables:
         ]
 
     def get(self, conn_id: str) -> SocketRow | None:
-        rows = self._rows("WHERE id = ?", (conn_id,))
-        return rows[0] if rows else None
+        return self._sockets().get(conn_id)
 
     def all(self, tag: str | None = None) -> list[SocketRow]:
         rows = self._rows()
@@ -163,11 +179,15 @@ class SocketTables:
                 row.id,
             ),
         )
+        known = self._sockets()
+        if row.id in known:
+            known[row.id] = row
 
     def remove(self, conn_id: str) -> bool:
         if not table_exists(self.conn, SOCKETS_TABLE):
             return False
         cur = self.conn.execute(f"DELETE FROM main.{SOCKETS_TABLE} WHERE id = ?", (conn_id,))
+        self._sockets().pop(conn_id, None)
         return cur.rowcount > 0
 
     # --- pushes -------------------------------------------------------------------------
