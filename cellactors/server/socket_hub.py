@@ -49,6 +49,7 @@ class HeldSocket:
         "id",
         "queue",
         "send",
+        "send_now",
     )
 
     def __init__(
@@ -65,6 +66,8 @@ class HeldSocket:
         #: Frames wait until the socket's open is answered (its first frame, the hello,
         #: goes before any push): :meth:`release`.
         self.held = True
+        #: Writes a frame at once when the socket can take it (False: it cannot now).
+        self.send_now: Callable[[Push], bool] | None = None
         self._writer: asyncio.Task[None] | None = None
 
     def release(self) -> None:
@@ -79,6 +82,15 @@ class HeldSocket:
         if self.closed or push.seq <= self.cursor:
             return
         self.cursor = push.seq
+        if (
+            self.send_now is not None
+            and self._writer is None
+            and not self.held
+            and not self.queue
+            and push.kind != sockets.CLOSE
+            and self.send_now(push)
+        ):
+            return  # written: nothing queued, no task
         self.queue.append(push)
         self.buffered += len(push.data)
         if self.buffered > max_buffer:

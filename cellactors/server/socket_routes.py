@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import httpx
@@ -52,7 +52,7 @@ from cellactors.server.auth.admission import admit_call
 from cellactors.server.handling import Core, as_call_error
 from cellactors.server.hosts import host_name
 from cellactors.server.socket_hub import HeldSocket, SocketHub
-from cellactors.server.wire_limits import ABORT_EXTENSION
+from cellactors.server.wire_limits import ABORT_EXTENSION, SEND_NOW_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ class SocketRoutes:
         cell_id = keys.make_cell_id(cls_name, name)
         conn_id = resume[0] if resume else sockets.new_conn_id()
         sock = HeldSocket(conn_id, cell_id, 0, _ws_sender(ws, numbered), _ws_closer(ws))
+        sock.send_now = _ws_send_now(ws, numbered)
         try:
             await self.open(cell_id, caller, sock, "websocket", tags, resume)
         except (CallError, ValueError) as err:
@@ -346,17 +347,33 @@ def _event_frame(conn_id: str, push: Push) -> str:
     return f"id: {conn_id}.{push.seq}\n{lines}\n\n"
 
 
+def _frame(push: Push, numbered: bool) -> str | bytes:
+    """What a push is on the wire (see the module)."""
+    if push.kind == sockets.BYTES:
+        data = cast(bytes, push.data)
+        return push.seq.to_bytes(8, "big") + data if numbered else data
+    if numbered:
+        return json.dumps({"seq": push.seq, "text": push.data})
+    return str(push.data)
+
+
 def _ws_sender(ws: WebSocket, numbered: bool) -> Any:
     async def send(push: Push) -> None:
-        if push.kind == sockets.BYTES:
-            data = cast(bytes, push.data)
-            await ws.send_bytes(push.seq.to_bytes(8, "big") + data if numbered else data)
-        elif numbered:
-            await ws.send_text(json.dumps({"seq": push.seq, "text": push.data}))
+        frame = _frame(push, numbered)
+        if isinstance(frame, bytes):
+            await ws.send_bytes(frame)
         else:
-            await ws.send_text(str(push.data))
+            await ws.send_text(frame)
 
     return send
+
+
+def _ws_send_now(ws: WebSocket, numbered: bool) -> Callable[[Push], bool] | None:
+    """The listener's way to write a frame at once, when it has one."""
+    write = ws.scope.get("extensions", {}).get(SEND_NOW_EXTENSION)
+    if write is None:
+        return None
+    return lambda push: bool(write(_frame(push, numbered)))
 
 
 #: How long a close may wait for the client to take it before the socket is dropped.
