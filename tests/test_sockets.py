@@ -307,3 +307,29 @@ def test_malformed_frames_close_the_socket_and_reach_no_cell(node: ServedNode) -
         assert close_code(raw) == 1002
     answer = httpx.post(f"{node.public}/cells/Lobby/m/said", json={}, timeout=30)
     assert answer.json() == {"result": []}
+
+
+class Welcome(CellActor):
+    """Sends each socket a welcome from on_connect."""
+
+    def on_connect(self, conn: Connection) -> None:
+        conn.send(f"welcome {len(self.connections())}")
+
+    def on_message(self, conn: Connection, data: str | bytes) -> None:
+        self.broadcast(data)
+
+
+def test_on_connect_pushes_reach_their_socket_first_and_once(sw_bucket: S3Bucket) -> None:
+    """Each socket gets its own on_connect's push, after its hello and before anything it
+    says, whether its push or the owner's sync reaches the node first (the first socket
+    of a cell on a node syncs; the second gets its push in order)."""
+    with served_node(sw_bucket, "n1", classes=[Welcome]) as node:
+        for i in range(3):
+            with (
+                CellSocket([node.public], "Welcome", f"w{i}") as a,
+                CellSocket([node.public], "Welcome", f"w{i}") as b,
+            ):
+                assert a.recv(timeout=10) == "welcome 1"
+                assert b.recv(timeout=10) == "welcome 2"
+                a.send("hi")
+                assert a.recv(timeout=10) == "hi" and b.recv(timeout=10) == "hi"

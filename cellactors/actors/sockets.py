@@ -179,8 +179,8 @@ def handle(
             now_ms,
         )
         with writes() as tables:
+            head = row.since = tables.head()
             tables.add(row)
-            head = tables.head()
         cell.on_connect(connection(row))
         return {"epoch": epoch, "head": head, "owner": here.owner.to_wire()}
     if event == "message":
@@ -209,7 +209,9 @@ def handle(
                 row.holder = holder
                 tables.update(row)
                 cursors = {conn_id: int(fields["after"])}
-            return _catch_up(tables, here, holder, cursors)
+            # A resume answers for its socket only: the holder's other sockets of the
+            # cell may still be owed earlier pushes, so it does not count as their sync.
+            return _catch_up(tables, here, holder, cursors, event == "sync")
     if event == "lost":
         holder = Holder.from_wire(fields["holder"])
         with writes() as tables:
@@ -245,7 +247,7 @@ def _held(tables: SocketTables, conn_id: str, caller: Principal | None) -> Socke
 
 
 def _catch_up(
-    tables: SocketTables, here: Here, holder: Holder, cursors: dict[str, int]
+    tables: SocketTables, here: Here, holder: Holder, cursors: dict[str, int], synced: bool
 ) -> dict[str, Any]:
     """What a holder missed: the retained pushes after each socket's cursor; the sockets
     the cell no longer has there (``gone``), or whose cursor is older than what it keeps
@@ -266,7 +268,8 @@ def _catch_up(
         for p in tables.pushes_for(live, after)
     ]
     head = tables.head()
-    here.synced(here.cell_id, here.epoch, holder.node, head)
+    if synced:
+        here.synced(here.cell_id, here.epoch, holder.node, head)
     return {
         "epoch": here.epoch,
         "head": head,

@@ -36,6 +36,7 @@ CLOSE_NOT_UTF8 = 1007  # a text frame that is not UTF-8 (the protocol closes it)
 CLOSE_HOLDER_LOST = 1006  # (never sent) what ``on_close`` gets when a holder vanished
 CLOSE_TOO_BIG = 1009  # a frame over the node's limit
 CLOSE_FAILED = 1011  # the cell's handler raised, or the cell could not be reached
+CLOSE_SERVICE_RESTART = 1012  # the node's listener is stopping (uvicorn closes with it)
 CLOSE_TRY_LATER = 1013  # the node is at its socket limit, or not serving
 CLOSE_REFUSED = 4403  # on_connect refused the socket
 CLOSE_GONE = 4404  # resumed a socket the cell no longer has

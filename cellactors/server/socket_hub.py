@@ -289,19 +289,22 @@ class SocketHub:
             for delivery in held:
                 self.on_delivery(delivery)
 
-    def caught_up(self, cell_id: str, answer: dict[str, Any]) -> None:
-        """Apply a sync's (or a resume's) answer: its pushes, then the sockets it closes."""
-        stream = self.streams.get(cell_id)
-        head = int(answer["head"])
-        epoch = int(answer["epoch"])
-        owner = Holder.from_wire(answer["owner"])
-        if stream is None or stream.epoch != epoch or stream.last < head:
-            self.streams[cell_id] = Stream(epoch, head, owner)
+    def caught_up(self, cell_id: str, answer: dict[str, Any], synced: bool = True) -> None:
+        """Apply a sync's answer (``synced``: the stream moves to its head) or a resume's
+        (its socket's pushes only): its pushes, then the sockets it closes. A socket still
+        opening is not closed for being unknown: its open has not reached the cell yet."""
+        if synced:
+            stream = self.streams.get(cell_id)
+            head = int(answer["head"])
+            epoch = int(answer["epoch"])
+            owner = Holder.from_wire(answer["owner"])
+            if stream is None or stream.epoch != epoch or stream.last < head:
+                self.streams[cell_id] = Stream(epoch, head, owner)
         for push in from_wire(answer["pushes"]):
             self._pass(cell_id, push)
         for conn_id in answer.get("gone", ()):
             sock = self.sockets.get(str(conn_id))
-            if sock is not None:
+            if sock is not None and not sock.held:
                 sock.shut(sockets.CLOSE_GONE, "the cell no longer has this socket")
         for conn_id in answer.get("missed", ()):
             sock = self.sockets.get(str(conn_id))

@@ -118,8 +118,10 @@ class SocketRoutes:
         kind: str,
         tags: list[str],
         resume: tuple[str, int] | None,
-    ) -> None:
-        """Connect (or resume) ``sock`` on its cell and hold it here; raises the refusal."""
+    ) -> int:
+        """Connect (or resume) ``sock`` on its cell and hold it here; raises the refusal.
+        Returns where its client starts: the last push before it opened (or resumed); its
+        own pushes, already queued, come after."""
         holder = self.hub.holder.to_wire()
         fields: dict[str, Any]
         if resume is None:
@@ -136,9 +138,10 @@ class SocketRoutes:
             except BaseException:
                 self.hub.remove(sock)
                 raise
-            sock.cursor = int(answer["head"])
+            start = int(answer["head"])
+            sock.cursor = max(sock.cursor, start)  # a sync may have passed it pushes already
             self.hub.joined(cell_id, answer)
-            return
+            return start
         conn_id, after = resume
         fields = {"event": "resume", "conn": conn_id, "holder": holder, "after": after}
         sock.cursor = after
@@ -154,7 +157,8 @@ class SocketRoutes:
             raise
         if displaced is not None:
             displaced.shut(sockets.CLOSE_GONE, "resumed on another connection")
-        self.hub.caught_up(cell_id, answer)
+        self.hub.caught_up(cell_id, answer, synced=False)
+        return after
 
     async def closed(
         self,
@@ -207,12 +211,12 @@ class SocketRoutes:
         sock = HeldSocket(conn_id, cell_id, 0, _ws_sender(ws, numbered), _ws_closer(ws))
         sock.send_now = _ws_send_now(ws, numbered)
         try:
-            await self.open(cell_id, caller, sock, "websocket", tags, resume)
+            start = await self.open(cell_id, caller, sock, "websocket", tags, resume)
         except (CallError, ValueError) as err:
             await _close_for(ws, err)
             return
         if numbered:
-            await ws.send_text(json.dumps({"conn": conn_id, "seq": sock.cursor}))
+            await ws.send_text(json.dumps({"conn": conn_id, "seq": start}))
         sock.release()
         await self._converse(ws, cell_id, sock, caller)
 
@@ -248,6 +252,9 @@ class SocketRoutes:
             code, reason = err.code, str(err.reason or "")
         if self.hub.stopping:
             self.hub.remove(sock)  # the node stops: the client resumes elsewhere
+            return
+        if code == sockets.CLOSE_SERVICE_RESTART:  # the listener stops (uvicorn's close)
+            self.hub.remove(sock)  # its client resumes elsewhere
             return
         dropped = code == sockets.CLOSE_HOLDER_LOST  # no close frame: it may come back
         self.hub.spawn(self.closed(cell_id, sock, caller, code, reason, dropped))
@@ -287,12 +294,12 @@ class SocketRoutes:
 
         sock = HeldSocket(conn_id, cell_id, 0, send, close)
         try:
-            await self.open(cell_id, caller, sock, "events", tags, resume)
+            start = await self.open(cell_id, caller, sock, "events", tags, resume)
         except (CallError, ValueError) as err:
             return self.core.error(as_call_error(err), "json")
 
         async def stream() -> AsyncIterator[bytes]:
-            yield f"retry: 1000\nid: {conn_id}.{sock.cursor}\ndata: \n\n".encode()
+            yield f"retry: 1000\nid: {conn_id}.{start}\ndata: \n\n".encode()
             sock.release()
             try:
                 while not closing:

@@ -31,7 +31,8 @@ SOCKETS_SQL = (
     "attachment BLOB NOT NULL, "
     "caller TEXT NOT NULL, "
     "kind TEXT NOT NULL, "
-    "opened_ms INTEGER NOT NULL)"
+    "opened_ms INTEGER NOT NULL, "
+    "since INTEGER NOT NULL)"
 )
 PUSHES_TABLE = "_cellactors_pushes"
 PUSHES_SQL = (
@@ -61,6 +62,8 @@ class SocketRow:
     caller: Principal | None
     kind: str
     opened_ms: int
+    #: The last push sent before the socket opened: nothing up to it is ever its.
+    since: int = 0
 
 
 def target_of(tag: str | None = None, conn: str | None = None) -> str:
@@ -117,7 +120,7 @@ class SocketTables:
     def add(self, row: SocketRow) -> None:
         self._ensure(SOCKETS_TABLE)
         self.conn.execute(
-            f"INSERT INTO main.{SOCKETS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO main.{SOCKETS_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 row.id,
                 json.dumps(row.holder.to_wire()),
@@ -126,6 +129,7 @@ class SocketTables:
                 principal.encode(row.caller),
                 row.kind,
                 row.opened_ms,
+                row.since,
             ),
         )
         self._sockets()[row.id] = row
@@ -142,7 +146,7 @@ class SocketTables:
         if not table_exists(self.conn, SOCKETS_TABLE):
             return []
         found = self.conn.execute(
-            "SELECT id, holder, tags, attachment, caller, kind, opened_ms "
+            "SELECT id, holder, tags, attachment, caller, kind, opened_ms, since "
             f"FROM main.{SOCKETS_TABLE} ORDER BY opened_ms, id"
         ).fetchall()
         return [
@@ -154,6 +158,7 @@ class SocketTables:
                 principal.decode(str(r[4])),
                 str(r[5]),
                 int(r[6]),
+                int(r[7]),
             )
             for r in found
         ]
@@ -234,7 +239,7 @@ class SocketTables:
 
     def pushes_for(self, rows: list[SocketRow], after: int) -> list[Push]:
         """The retained pushes after ``after`` to any of ``rows``, each naming those of
-        ``rows`` its target matches now."""
+        ``rows`` its target matches now and that were open when it was sent."""
         if not table_exists(self.conn, PUSHES_TABLE) or not rows:
             return []
         found = self.conn.execute(
@@ -244,7 +249,7 @@ class SocketTables:
         ).fetchall()
         out = []
         for seq, target, kind, data, code in found:
-            conns = tuple(r.id for r in rows if _matches(str(target), r))
+            conns = tuple(r.id for r in rows if r.since < seq and _matches(str(target), r))
             if conns:
                 out.append(Push(int(seq), conns, str(kind), data, int(code)))
         return out
