@@ -140,7 +140,8 @@ class ChatRoom(CellActor):
 
     def on_message(self, conn: Connection, data: str | bytes) -> None:
         if isinstance(data, bytes):
-            conn.close(3003, "this room takes text frames")
+            conn.close(3003, "this room takes text frames")  # on_close does not run for it
+            self.on_close(conn, 3003, "")
             return
         try:
             message = json.loads(data)

@@ -1,4 +1,9 @@
-"""A socket being opened (or resumed) on a node while that node syncs the socket's cell.
+"""Opening sockets: what goes wrong (runtime bugs, xfail strict) while it is not fixed.
+
+A second socket of a cell on one node gets the pushes of its ``on_connect`` before its
+hello frame (``{"conn": ..., "seq": ...}``), which a client must read first.
+
+A socket being opened (or resumed) on a node while that node syncs the socket's cell:
 
 A holder node adds a socket to its hub before its connect (or resume) has run on the cell,
 so that pushes the cell sends meanwhile reach it. When the hub syncs that cell in between
@@ -16,9 +21,12 @@ sync): tests/browser/test_chat_page.py.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, cast
 
 import pytest
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
 
 from cellactors import CellActor, Node, NodeSettings
 from cellactors.actors.sockets import SOCKET_METHOD, Connection
@@ -29,6 +37,7 @@ from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.socket_hub import HeldSocket, SocketHub
 from cellactors.server.socket_routes import SocketRoutes
 from tests.helpers.runtime import TTL
+from tests.helpers.served import served_node
 
 CELL = "Quiet:room"
 
@@ -41,6 +50,28 @@ class Quiet(CellActor):
 
     def on_message(self, conn: Connection, data: str | bytes) -> None:
         pass
+
+
+class Greeter(CellActor):
+    """Greets each socket as it opens."""
+
+    def on_connect(self, conn: Connection) -> None:
+        conn.send("welcome")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime bug: the on_connect pushes of a second socket of a cell on one node are "
+    "passed to it (SocketHub.on_delivery) before socket_routes sends its hello",
+)
+def test_the_hello_is_the_first_frame_of_every_socket(sw_bucket: S3Bucket) -> None:
+    with served_node(sw_bucket, "greets", classes=[Greeter]) as node:
+        url = f"ws://127.0.0.1:{node.public_port}/cells/Greeter/g/ws"
+        numbered = [Subprotocol(sockets.SUBPROTOCOL)]
+        with connect(url, subprotocols=numbered) as first:
+            assert "conn" in json.loads(first.recv(timeout=10))
+            with connect(url, subprotocols=numbered) as second:
+                assert "conn" in json.loads(second.recv(timeout=10))
 
 
 def event_fields(event: str, conn: str, holder: Holder) -> dict[str, Any]:
