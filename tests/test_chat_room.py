@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 from typing import Any
 
 import httpx
 import pytest
-from websockets.sync.server import ServerConnection, serve
-from websockets.typing import Subprotocol
 
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.socket_client import CellSocket, SocketClosed
 from tests.helpers.fleet import REPO
 from tests.helpers.served import served_node
-
-#: websockets 17.1 deprecated ``connect()`` outside a ``with``, which CellSocket does: the
-#: warning, an error under this suite's filter, is ignored here, and shown (xfail) below.
-LEGACY_CONNECT = "ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"
 
 
 def load_chat() -> Any:
@@ -40,7 +33,6 @@ def frame(sock: CellSocket) -> dict[str, Any]:
     return value
 
 
-@pytest.mark.filterwarnings(LEGACY_CONNECT)
 def test_the_room_sends_history_lines_joins_and_leaves(sw_bucket: S3Bucket) -> None:
     chat = load_chat()
     # bo through another node: a second socket of a cell on one node gets its first pushes
@@ -88,26 +80,3 @@ def test_the_room_sends_history_lines_joins_and_leaves(sw_bucket: S3Bucket) -> N
 
         answer = httpx.post(f"{node.public}/cells/ChatRoom/r/lines", json={}, timeout=30)
         assert [line["text"] for line in answer.json()["result"]] == ["hi", "plain <b>text</b>"]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=DeprecationWarning,
-    reason="runtime bug: CellSocket calls websockets' connect() outside a with, deprecated "
-    "since websockets 17.1 (setup.cfg allows >=13): an error under this suite's filter",
-)
-def test_a_cell_socket_opens_without_a_deprecation_warning() -> None:
-    """CellSocket against a stand-in node that says hello and closes."""
-
-    def hello(conn: ServerConnection) -> None:
-        conn.send(json.dumps({"conn": "c" * 22, "seq": 0}))
-
-    with serve(hello, "127.0.0.1", 0, subprotocols=[Subprotocol("cellactors.v1")]) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            port = server.socket.getsockname()[1]
-            CellSocket([f"ws://127.0.0.1:{port}"], "ChatRoom", "r", resume_for=1).close()
-        finally:
-            server.shutdown()
-            thread.join(10)

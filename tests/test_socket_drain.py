@@ -1,11 +1,9 @@
 """A node holding a socket stops gracefully (SIGTERM): its client resumes on another node,
 and the node does not wait for the socket's cell to hear of a close that did not happen.
 
-Today (runtime bug, xfail strict) the stopping node's server hands the socket's handler a
-disconnect (1012) before the hub knows the node stops (``SocketHub.close_all`` runs at the
-app's lifespan shutdown, after uvicorn waited for connections); the handler takes it for
-the client's own close and runs the ``close`` event, which the stopped node retries for
-``retry_for`` (30 s), holding up the stop.
+(The stopping node's server hands each socket's handler a disconnect, 1012, before the app
+shuts down: taken for the client's own close, its ``close`` event was retried by the
+stopped node for 30 s, holding up the stop.)
 """
 
 from __future__ import annotations
@@ -13,15 +11,14 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.socket_client import CellSocket
 from tests.helpers.fleet import wait_for
 from tests.helpers.served import served_node
-from tests.test_chat_room import LEGACY_CONNECT, frame, load_chat
+from tests.test_chat_room import frame, load_chat
 
-STOP_WITHIN = 15.0  # seconds; the bug holds a stop up for the 30 s of retry_for
+STOP_WITHIN = 15.0  # seconds; well under the 30 s a socket event is retried for
 
 
 def who(url: str) -> list[str]:
@@ -31,12 +28,6 @@ def who(url: str) -> list[str]:
     return names
 
 
-@pytest.mark.filterwarnings(LEGACY_CONNECT)
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug: a stopping node runs the close event of each socket it holds (the "
-    "1012 disconnect uvicorn hands the handler before SocketHub.close_all), retried 30 s",
-)
 def test_a_stopping_node_lets_its_socket_resume_elsewhere_and_stops(sw_bucket: S3Bucket) -> None:
     chat = load_chat()
     with served_node(sw_bucket, "owner", classes=[chat.ChatRoom]) as owner:

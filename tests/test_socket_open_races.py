@@ -1,7 +1,8 @@
-"""Opening sockets: what goes wrong (runtime bugs, xfail strict) while it is not fixed.
+"""Opening sockets, and what goes wrong (runtime bugs, xfail strict) while it is not fixed.
 
-A second socket of a cell on one node gets the pushes of its ``on_connect`` before its
-hello frame (``{"conn": ..., "seq": ...}``), which a client must read first.
+The hello frame (``{"conn": ..., "seq": ...}``) is the first frame of every socket, also of
+a second socket of a cell on one node (its ``on_connect`` pushes find the node's stream of
+the cell there, so they could overtake it).
 
 A socket resumed on a node that holds another socket of the same cell: the resume's answer
 moves the node's stream of the cell to the cell's head, although it carried the pushes of
@@ -97,6 +98,7 @@ async def resume_while_a_push_is_on_its_way(node: Node, resume: bool = True) -> 
     cell = "Speaker:room"
     one = HeldSocket(sockets.new_conn_id(), cell, 0, send, ignore)
     await routes.open(cell, None, one, "websocket", [], None)
+    one.release()  # what the route does once it sent the hello
     two = sockets.new_conn_id()
     gone = Holder("n0", "127.0.0.1:11", "0" * 16)
     await asyncio.to_thread(
@@ -112,6 +114,7 @@ async def resume_while_a_push_is_on_its_way(node: Node, resume: bool = True) -> 
     if resume:
         resumed = HeldSocket(two, cell, 0, ignore, ignore)
         await routes.open(cell, None, resumed, "websocket", [], (two, 0))
+        resumed.release()
     node.pushes.hub = hub
     for delivery in held.deliveries:  # it arrives now
         hub.on_delivery(delivery)
@@ -171,11 +174,6 @@ class Greeter(CellActor):
         conn.send("welcome")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug: the on_connect pushes of a second socket of a cell on one node are "
-    "passed to it (SocketHub.on_delivery) before socket_routes sends its hello",
-)
 def test_the_hello_is_the_first_frame_of_every_socket(sw_bucket: S3Bucket) -> None:
     with served_node(sw_bucket, "greets", classes=[Greeter]) as node:
         url = f"ws://127.0.0.1:{node.public_port}/cells/Greeter/g/ws"
