@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +36,10 @@ ARGS = (
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    """Headless chromium with a fresh profile; never downloads a browser or driver."""
+def make_browser(tmp_path: Path) -> Iterator[Callable[[], WebDriver]]:
+    """Start headless chromiums, each with a fresh profile (a test with two pages open at
+    once, as two people would); every one is quit at teardown. Never downloads a browser
+    or driver."""
     # Imported here: this conftest is loaded where selenium is not installed too.
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
@@ -47,16 +49,29 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
     if missing:
         # tox -e browser installs them first (tests/browser/install-chromium.sh).
         pytest.fail(f"{', '.join(missing)} missing: apt-get install chromium chromium-driver")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ARGS:
-        options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    drivers: list[WebDriver] = []
+
+    def make() -> WebDriver:
+        options = Options()
+        options.binary_location = CHROMIUM
+        for arg in ARGS:
+            options.add_argument(arg)
+        options.add_argument(f"--user-data-dir={tmp_path / f'chromium-profile-{len(drivers)}'}")
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+        drivers.append(driver)
+        return driver
+
     try:
-        yield driver
+        yield make
     finally:
-        driver.quit()
+        for driver in drivers:
+            driver.quit()
+
+
+@pytest.fixture
+def browser(make_browser: Callable[[], WebDriver]) -> WebDriver:
+    """Headless chromium with a fresh profile; never downloads a browser or driver."""
+    return make_browser()
 
 
 @pytest.fixture
