@@ -1,4 +1,4 @@
-"""Opening sockets, and what goes wrong (runtime bugs, xfail strict) while it is not fixed.
+"""Opening sockets, and the races around it (each once a runtime bug, fixed).
 
 The hello frame (``{"conn": ..., "seq": ...}``) is the first frame of every socket, also of
 a second socket of a cell on one node (its ``on_connect`` pushes find the node's stream of
@@ -151,12 +151,6 @@ def test_a_push_on_its_way_arrives(sw_bucket: S3Bucket) -> None:
         node.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug: a resume's answer (SocketHub.caught_up) moves the node's stream of the "
-    "cell to the cell's head, though it carried only the resumed socket's pushes: a push on "
-    "its way to another socket of the cell there is then ignored as had already",
-)
 def test_a_resume_does_not_make_another_socket_miss_a_push(sw_bucket: S3Bucket) -> None:
     node = Node(
         sw_bucket, "n1", [Speaker], NodeSettings(lease_ttl=TTL, advertise="127.0.0.1:12")
@@ -271,11 +265,6 @@ def test_without_a_sync_the_socket_opens(sw_bucket: S3Bucket, opening: str) -> N
         node.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug: SocketHub._sync asks about sockets whose connect or resume has not "
-    "run on the cell yet; the cell answers them gone and the hub closes them with 4404",
-)
 @pytest.mark.parametrize("opening", ["connect", "resume"])
 def test_a_sync_of_the_cell_does_not_close_a_socket_being_opened(
     sw_bucket: S3Bucket, opening: str

@@ -87,7 +87,7 @@ def test_the_page_shows_the_fleet_its_cells_and_rates(
             alpha = cell_rows(browser)["Counter:alpha"]
             # cell, epoch, acked txid, committed txid, pending acks, last activity, source
             assert alpha[1] == "1" and alpha[2] == alpha[3] and alpha[4] == "0"
-            assert alpha[5].endswith(" s ago") and alpha[6] == "bucket"
+            assert alpha[5].endswith(" s ago") and alpha[6] == "new"
             assert browser.find_element(By.ID, "node-id").text == "page-a"
             assert browser.find_element(By.ID, "node-status").text == "serving"
             # Three calls ran here; the one for gamma ran on b.
