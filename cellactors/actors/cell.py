@@ -322,6 +322,8 @@ class CellActor(LazyThreadingActor):
         rt = self._require_runtime()
         database = self._runtime_db()
         cls_name = class_name(cls)
+        if method.startswith("_"):  # the runtime's own (a socket event) included: never sent
+            raise BadRequest(f"{cls_name} has no public method {method!r}")
         target = keys.make_cell_id(cls_name, name)
         if not isinstance(cls, str):
             if method not in cls.exposed_methods():

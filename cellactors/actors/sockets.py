@@ -117,6 +117,10 @@ class Connection:
 
 def push(tables: SocketTables, target: str, data: str | bytes) -> int:
     """Record a push of ``data`` to ``target``: how many sockets it goes to."""
+    if isinstance(data, str | bytes | bytearray | memoryview) and (
+        len(data) > sockets.MAX_PUSH_BYTES
+    ):
+        raise ValueError(f"a push is at most {sockets.MAX_PUSH_BYTES} bytes (or characters)")
     if isinstance(data, bytes | bytearray | memoryview):
         sent = tables.push(target, sockets.BYTES, bytes(data))
     elif isinstance(data, str):
@@ -262,10 +266,10 @@ def _catch_up(
             missed.append(conn_id)
         else:
             live.append(row)
-    after = min((cursors[r.id] for r in live), default=0)
+    after = min((cursors[c] for c in (*(r.id for r in live), *gone)), default=0)
     pushes = [
         Push(p.seq, tuple(c for c in p.conns if p.seq > cursors[c]), p.kind, p.data, p.code)
-        for p in tables.pushes_for(live, after)
+        for p in tables.pushes_for(live, after, tuple(gone))  # a gone one: its close, if any
     ]
     head = tables.head()
     if synced:

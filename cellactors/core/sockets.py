@@ -25,6 +25,11 @@ SUBPROTOCOL = "cellactors.v1"
 #: Push kinds: a text frame, a binary frame, or a close of the socket by the cell.
 TEXT, BYTES, CLOSE = "text", "bytes", "close"
 
+#: The most one push may weigh (a frame to a socket), and the most pushes one delivery to
+#: a holder carries: a transaction that sends more reaches a holder in several.
+MAX_PUSH_BYTES = 1 << 20
+DELIVERY_BYTES = 4 << 20
+
 #: How many pushes a cell keeps after sending them: a holder that lost fewer (a takeover,
 #: a reconnect) gets them again; one that lost more is told so (``CLOSE_MISSED``).
 RETAINED_PUSHES = 256
@@ -33,6 +38,7 @@ RETAINED_PUSHES = 256
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # the node holding the socket is stopping: reconnect elsewhere
 CLOSE_NOT_UTF8 = 1007  # a text frame that is not UTF-8 (the protocol closes it)
+CLOSE_NO_STATUS = 1005  # (never sent) a close without a code, or a connection that ended
 CLOSE_HOLDER_LOST = 1006  # (never sent) what ``on_close`` gets when a holder vanished
 CLOSE_TOO_BIG = 1009  # a frame over the node's limit
 CLOSE_FAILED = 1011  # the cell's handler raised, or the cell could not be reached

@@ -72,10 +72,10 @@ class _InternalCore(Core):
         cls_name, name, method = params["cls_name"], params["name"], params["method"]
         encoding = codec.encoding_for(request.headers.get("content-type"))
         try:
+            # A forwarded socket message carries a frame of up to max_socket_frame bytes.
+            limit = max(self.settings.max_body_bytes, self.settings.max_socket_frame + (64 << 10))
             body = await codec.read_body(
-                request.stream(),
-                request.headers.get("content-length"),
-                self.settings.max_body_bytes,
+                request.stream(), request.headers.get("content-length"), limit
             )
             source = signing.verify_request(
                 self.keys().accepted,

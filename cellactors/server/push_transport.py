@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cellactors.actors.sockets import from_wire
+from cellactors.core import sockets
 from cellactors.core.sockets import Delivery, Holder, Push
 from cellactors.errors import NodeUnavailable, NotDurable, StaleRoute, error_from_answer
 from cellactors.persistence.celldb import calls
@@ -94,7 +95,9 @@ def install_push_sender(node: Any, peer: PeerCaller) -> None:
 async def receive_pushes(core: Core, nonces: signing.NonceCache, request: Request) -> Response:
     """A peer's delivery for sockets held here, once its signature names this process."""
     try:
-        limit = 16 * max(core.settings.max_body_bytes, core.settings.max_socket_frame)
+        # The most a delivery weighs: its runs of pushes, one push past the run's budget,
+        # and their sockets' ids (a generous allowance).
+        limit = sockets.DELIVERY_BYTES + sockets.MAX_PUSH_BYTES + (4 << 20)
         body = await codec.read_body(request.stream(), request.headers.get("content-length"), limit)
         signing.verify_request(
             core.keys().accepted,

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import uvicorn
 
+from cellactors.core.sockets import CLOSE_GOING_AWAY
 from cellactors.server.app import (
     NodeLike,
     ServerSettings,
@@ -325,6 +326,9 @@ class Runner:
     async def _drain(self) -> int:
         """Drain the node in a worker thread; the listeners keep answering meanwhile."""
         log.info("node %s draining", self.node.node_id)
+        hub = getattr(self.public_app.state.core, "socket_hub", None)
+        if hub is not None:  # its sockets' clients resume elsewhere: not closed on cells
+            hub.close_all(CLOSE_GOING_AWAY, "this node is stopping; resume on another")
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.node.drain)

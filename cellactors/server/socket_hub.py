@@ -211,6 +211,9 @@ class SocketHub:
         cell_id = delivery.cell_id
         if cell_id not in self.by_cell:
             return  # no socket of that cell here any more
+        if not delivery.pushes:  # an owner that gave this node up asks it to sync
+            self.sync_soon(cell_id)
+            return
         held = self._syncing.get(cell_id)
         if held is not None:
             held.append(delivery)
@@ -231,7 +234,7 @@ class SocketHub:
             sock = self.sockets.get(conn_id)
             if sock is not None:
                 sock.take(push, self.max_buffer)
-            elif conn_id not in self._strays:
+            elif conn_id not in self._strays and not self.stopping:
                 self._strays.add(conn_id)  # the cell thinks it is here: tell it it is not
                 self.spawn(self._stray(cell_id, conn_id))
 
@@ -300,11 +303,14 @@ class SocketHub:
             owner = Holder.from_wire(answer["owner"])
             if stream is None or stream.epoch != epoch or stream.last < head:
                 self.streams[cell_id] = Stream(epoch, head, owner)
+        closing: set[str] = set()  # sockets the cell closed itself: they close with its code
         for push in from_wire(answer["pushes"]):
             self._pass(cell_id, push)
+            if push.kind == sockets.CLOSE:
+                closing.update(push.conns)
         for conn_id in answer.get("gone", ()):
             sock = self.sockets.get(str(conn_id))
-            if sock is not None and not sock.held:
+            if sock is not None and not sock.held and conn_id not in closing:
                 sock.shut(sockets.CLOSE_GONE, "the cell no longer has this socket")
         for conn_id in answer.get("missed", ()):
             sock = self.sockets.get(str(conn_id))

@@ -145,19 +145,23 @@ class SocketRoutes:
         conn_id, after = resume
         fields = {"event": "resume", "conn": conn_id, "holder": holder, "after": after}
         sock.cursor = after
-        displaced = self.hub.sockets.get(conn_id)  # its client's earlier connection here
-        self.hub.add(sock)
+        # Its client's earlier connection, held here still: it keeps the socket's pushes
+        # until the cell has said the resume is the caller's (a refused one changes nothing).
+        displaced = self.hub.sockets.get(conn_id)
+        if displaced is None:
+            self.hub.add(sock)  # pushes for it may come here as soon as the cell moved it
         try:
             answer = await self.hub.event(cell_id, fields, caller)
             check_resumable(answer, conn_id)
         except BaseException:
             self.hub.remove(sock)
-            if displaced is not None:  # a resume refused (someone else's) changes nothing
-                self.hub.add(displaced)
             raise
         if displaced is not None:
+            self.hub.add(sock)
             displaced.shut(sockets.CLOSE_GONE, "resumed on another connection")
         self.hub.caught_up(cell_id, answer, synced=False)
+        if displaced is not None:
+            self.hub.sync_soon(cell_id)  # whatever went to the earlier one meanwhile
         return after
 
     async def closed(
@@ -213,12 +217,17 @@ class SocketRoutes:
         try:
             start = await self.open(cell_id, caller, sock, "websocket", tags, resume)
         except (CallError, ValueError) as err:
-            await _close_for(ws, err)
+            await _close_for(ws, err, opening=True)
             return
-        if numbered:
-            await ws.send_text(json.dumps({"conn": conn_id, "seq": start}))
-        sock.release()
-        await self._converse(ws, cell_id, sock, caller)
+        try:
+            if numbered:
+                await ws.send_text(json.dumps({"conn": conn_id, "seq": start}))
+            sock.release()
+            await self._converse(ws, cell_id, sock, caller)
+        finally:
+            if self.hub.sockets.get(sock.id) is sock:  # its client went before its hello
+                gone = self.closed(cell_id, sock, caller, sockets.CLOSE_HOLDER_LOST, "", True)
+                self.hub.spawn(gone)
 
     async def _converse(
         self, ws: WebSocket, cell_id: str, sock: HeldSocket, caller: Principal | None
@@ -256,7 +265,9 @@ class SocketRoutes:
         if code == sockets.CLOSE_SERVICE_RESTART:  # the listener stops (uvicorn's close)
             self.hub.remove(sock)  # its client resumes elsewhere
             return
-        dropped = code == sockets.CLOSE_HOLDER_LOST  # no close frame: it may come back
+        # No close code (1005: the connection ended, or a close frame without one; 1006): it
+        # may come back to resume. A client that means to leave closes with a code.
+        dropped = code in (sockets.CLOSE_NO_STATUS, sockets.CLOSE_HOLDER_LOST)
         self.hub.spawn(self.closed(cell_id, sock, caller, code, reason, dropped))
 
     # --- server-sent events -------------------------------------------------------------
@@ -404,12 +415,12 @@ def _ws_closer(ws: WebSocket) -> Any:
     return close
 
 
-def _close_code(err: BaseException) -> int:
+def _close_code(err: BaseException, opening: bool) -> int:
     if isinstance(err, SocketGone):
         return sockets.CLOSE_GONE
     if isinstance(err, SocketMissed):
         return sockets.CLOSE_MISSED
-    if isinstance(err, MethodFailed) and err.exc_type in ("PermissionError",):
+    if isinstance(err, MethodFailed) and opening:  # on_connect raised: it refused the socket
         return sockets.CLOSE_REFUSED
     if isinstance(err, CallError) and err.status in (401, 403):
         return sockets.CLOSE_REFUSED
@@ -418,8 +429,8 @@ def _close_code(err: BaseException) -> int:
     return sockets.CLOSE_FAILED
 
 
-async def _close_for(ws: WebSocket, err: BaseException) -> None:
-    code = _close_code(err)
+async def _close_for(ws: WebSocket, err: BaseException, opening: bool = False) -> None:
+    code = _close_code(err, opening)
     try:
         await ws.close(code, f"{getattr(err, 'code', 'error')}: {err}"[:120])
     except RuntimeError:

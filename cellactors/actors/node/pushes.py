@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from cellactors.actors.sockets import SOCKET_METHOD
 from cellactors.core import alarms
-from cellactors.core.sockets import Delivery, Holder, Push
+from cellactors.core.sockets import DELIVERY_BYTES, Delivery, Holder, Push
 from cellactors.errors import CallError, StaleRoute
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ class _Sender:
         self.queue: collections.deque[Delivery] = collections.deque()
         self.ready = threading.Condition()
         self.running = False
+
+
+#: How long a holder given up on is told, once reachable, to sync its sockets.
+NUDGE_FOR_S = 600.0
 
 
 class PushDriver:
@@ -105,11 +109,13 @@ class PushDriver:
         with state.lock:
             for node, (holder, pushes) in groups.items():
                 prev = state.sent.get(node)
-                fresh = tuple(p for p in pushes if prev is None or p.seq > prev)
+                fresh = [p for p in pushes if prev is None or p.seq > prev]
                 if not fresh:
                     continue  # a sync answered with them already
                 state.sent[node] = fresh[-1].seq
-                self._send(holder, Delivery(cell_id, epoch, prev, fresh))
+                for part in _parts(fresh):  # each under a holder's body limit, chained
+                    self._send(holder, Delivery(cell_id, epoch, prev, part))
+                    prev = part[-1].seq
 
     def synced(self, cell_id: str, epoch: int, holder: str, head: int) -> None:
         """A sync of ``holder`` answers with the pushes up to ``head``: later ones follow it."""
@@ -201,6 +207,41 @@ class PushDriver:
                 self.call_cell(cls_name, name, SOCKET_METHOD, event)
             except Exception as err:  # the next push to them tries again
                 log.info("sockets of %s on %s not closed yet: %s", cell_id, sender.holder.node, err)
+        self._nudge(sender.holder, cells)
+
+    def _nudge(self, holder: Holder, cells: list[str]) -> None:
+        """Tell a holder given up on (unreachable, not restarted: a partition) to sync its
+        sockets of ``cells`` once it answers again, so that the ones the cells closed are
+        closed on it too, instead of staying open and silent. Tried for ``NUDGE_FOR_S``."""
+        deadline = time.monotonic() + NUDGE_FOR_S
+        tries = 0
+        pending = list(cells)
+        while pending and not self._stop.is_set() and time.monotonic() < deadline:
+            cell_id = pending[0]
+            try:
+                self._deliver(holder, Delivery(cell_id, 0, None, ()))
+            except StaleRoute:
+                return  # it restarted: it holds none of those sockets any more
+            except CallError:
+                tries += 1
+                self._stop.wait(min(alarms.delivery_backoff(tries), 10.0))
+                continue
+            pending.pop(0)
+
+
+def _parts(pushes: list[Push]) -> list[tuple[Push, ...]]:
+    """``pushes`` in runs of at most :data:`~cellactors.core.sockets.DELIVERY_BYTES`."""
+    parts: list[tuple[Push, ...]] = []
+    run: list[Push] = []
+    size = 0
+    for push in pushes:
+        weight = len(push.data) + 24 * len(push.conns)  # its data and its sockets' ids
+        if run and size + weight > DELIVERY_BYTES:
+            parts.append(tuple(run))
+            run, size = [], 0
+        run.append(push)
+        size += weight
+    return [*parts, tuple(run)]
 
 
 __all__ = ["LocalHub", "PushDriver", "PushTransport"]

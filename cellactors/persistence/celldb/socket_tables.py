@@ -237,19 +237,25 @@ class SocketTables:
         self.sent.append((sent, {r.id: r.holder for r in rows}))
         return sent
 
-    def pushes_for(self, rows: list[SocketRow], after: int) -> list[Push]:
+    def pushes_for(
+        self, rows: list[SocketRow], after: int, closed: tuple[str, ...] = ()
+    ) -> list[Push]:
         """The retained pushes after ``after`` to any of ``rows``, each naming those of
-        ``rows`` its target matches now and that were open when it was sent."""
-        if not table_exists(self.conn, PUSHES_TABLE) or not rows:
+        ``rows`` its target matches now and that were open when it was sent; and the close
+        the cell sent each socket of ``closed`` (gone from the table since), if retained."""
+        if not table_exists(self.conn, PUSHES_TABLE) or not (rows or closed):
             return []
         found = self.conn.execute(
             f"SELECT seq, target, kind, data, code FROM main.{PUSHES_TABLE} "
             "WHERE seq > ? ORDER BY seq",
             (after,),
         ).fetchall()
+        closes = {target_of(conn=c): c for c in closed}
         out = []
         for seq, target, kind, data, code in found:
             conns = tuple(r.id for r in rows if r.since < seq and _matches(str(target), r))
+            if kind == sockets.CLOSE and target in closes:
+                conns = (closes[target],)
             if conns:
                 out.append(Push(int(seq), conns, str(kind), data, int(code)))
         return out
