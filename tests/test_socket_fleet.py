@@ -327,3 +327,28 @@ def test_a_served_process_authenticates_sockets(make_fleet: MakeFleet, tmp_path:
         assert recv_until(blue, lambda got: "hi" in got, 15) == ["hi"]
         assert recv_until(red, lambda got: "hi" in got, 15) == ["to all", "hi"]
         client.close()
+
+
+def test_the_owner_drained_mid_conversation(make_fleet: MakeFleet) -> None:
+    """SIGTERM of the owner while sockets on the other nodes talk: it releases the cell, the
+    sockets stay open, the next owner answers at once (no TTL to wait for), nothing lost
+    or doubled."""
+    fleet = make_fleet(3, lease_ttl=30.0)
+    own_cell(fleet, fleet[2], "r7")
+    with (
+        CellSocket([fleet[0].public_url], "Room", "r7") as a,
+        CellSocket([fleet[1].public_url], "Room", "r7") as b,
+    ):
+        assert a.recv(timeout=10) == "welcome" and b.recv(timeout=10) == "welcome"
+        a.send("before")
+        assert recv_until(b, lambda got: "before" in got, 15) == ["before"]
+        fleet[2].signal(signal.SIGTERM)
+        assert fleet[2].wait(60) == 0
+        started = time.monotonic()
+        a.send("after")
+        assert recv_until(a, lambda got: "after" in got, 15) == ["before", "after"]
+        assert recv_until(b, lambda got: "after" in got, 15) == ["after"]
+        assert time.monotonic() - started < 15  # far below the 30 s TTL
+        assert a.resumes == 0 and b.resumes == 0
+    lines = httpx.post(f"{fleet[0].public_url}/cells/Room/r7/lines", json={}, timeout=30)
+    assert lines.json()["result"] == ["first", "before", "after"]
