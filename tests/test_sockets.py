@@ -5,7 +5,6 @@ streams (``/events``); authentication and a socket opened by someone else."""
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -22,10 +21,10 @@ from cellactors import CellActor, read_only
 from cellactors.actors.sockets import Connection
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
-from cellactors.server.auth import ApiKeys, Authentication
 from cellactors.socket_client import CellSocket, SocketClosed
 from tests.helpers.runtime import eventually
 from tests.helpers.served import ServedNode, served_node
+from tests.helpers.sockets import keyed_settings, raw_request
 
 
 class Lobby(CellActor):
@@ -146,17 +145,7 @@ def test_a_failed_message_sends_nothing_and_closes_its_socket(node: ServedNode) 
 
 @pytest.mark.parametrize("kind", ["ws", "events"])
 def test_a_client_that_stops_reading_is_cut_off(node: ServedNode, kind: str) -> None:
-    raw = socket.create_connection(("127.0.0.1", node.public_port))
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    upgrade = (
-        b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-    )
-    raw.sendall(
-        f"GET /cells/Lobby/l/{kind} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
-        + (upgrade if kind == "ws" else b"")
-        + b"\r\n"
-    )
+    raw = raw_request(node.public_port, f"/cells/Lobby/l/{kind}", upgrade=kind == "ws", rcvbuf=4096)
     assert raw.recv(12) == (b"HTTP/1.1 101" if kind == "ws" else b"HTTP/1.1 200")
     eventually(lambda: call(node, "roster") != [])  # its on_connect is durable
     try:
@@ -201,14 +190,7 @@ def test_event_streams_carry_broadcasts_and_resume(node: ServedNode) -> None:
 
 @pytest.fixture
 def guarded(sw_bucket: S3Bucket, tmp_path: Path) -> Iterator[ServedNode]:
-    keys = {
-        "ak_alice_0123456789abcdef": {"principal": "alice", "roles": ["user"]},
-        "ak_bob_0123456789abcdef01": {"principal": "bob", "roles": ["user"]},
-    }
-    path = tmp_path / "keys.json"
-    path.write_text(json.dumps(keys))
-    settings = ServerSettings(authentication=Authentication([ApiKeys(path)]))
-    with served_node(sw_bucket, "n2", settings, classes=[Lobby]) as served:
+    with served_node(sw_bucket, "n2", keyed_settings(tmp_path), classes=[Lobby]) as served:
         yield served
 
 
@@ -273,12 +255,7 @@ def test_malformed_frames_close_the_socket_and_reach_no_cell(node: ServedNode) -
     socket is closed (1007, 1002) and the cell runs nothing."""
 
     def handshake() -> socket.socket:
-        raw = socket.create_connection(("127.0.0.1", node.public_port), timeout=10)
-        raw.sendall(
-            b"GET /cells/Lobby/m/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            b"Sec-WebSocket-Version: 13\r\n\r\n"
-        )
+        raw = raw_request(node.public_port, "/cells/Lobby/m/ws")
         head = b""
         while b"\r\n\r\n" not in head:
             head += raw.recv(1)

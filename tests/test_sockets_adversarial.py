@@ -28,6 +28,7 @@ from cellactors.server.socket_hub import HeldSocket, SocketHub
 from cellactors.socket_client import CellSocket
 from tests.helpers.runtime import eventually
 from tests.helpers.served import ServedNode, served_node
+from tests.helpers.sockets import keyed_settings, raw_request
 
 V1 = Subprotocol("cellactors.v1")
 
@@ -125,16 +126,7 @@ def test_a_refused_resume_neither_shows_the_victims_pushes_nor_loses_them(
     """Bob names Alice's socket in a resume. Until the cell refuses it (4403) the hub has put
     Bob's connection in place of Alice's: a push to Alice delivered in that window is
     written to Bob's WebSocket, and Alice, put back afterwards, never gets it."""
-    from cellactors.server.auth import ApiKeys, Authentication
-
-    keys = {
-        "ak_alice_0123456789abcdef": {"principal": "alice", "roles": ["user"]},
-        "ak_bob_0123456789abcdef01": {"principal": "bob", "roles": ["user"]},
-    }
-    path = tmp_path / "keys.json"
-    path.write_text(json.dumps(keys))
-    settings = ServerSettings(authentication=Authentication([ApiKeys(path)]))
-    with served_node(sw_bucket, "r2", settings, classes=[Probe]) as guarded:
+    with served_node(sw_bucket, "r2", keyed_settings(tmp_path), classes=[Probe]) as guarded:
         alice = CellSocket([guarded.public], "Probe", "g", token="ak_alice_0123456789abcdef")
         with alice:
             alice.send("hi")
@@ -177,9 +169,7 @@ def hub_of(served: ServedNode) -> SocketHub:
 
 
 def _raw_events(node: ServedNode, cell: str) -> socket.socket:
-    raw = socket.create_connection(("127.0.0.1", node.public_port))
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    raw.sendall(f"GET /cells/Probe/{cell}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    raw = raw_request(node.public_port, f"/cells/Probe/{cell}/events", upgrade=False, rcvbuf=4096)
     assert raw.recv(12) == b"HTTP/1.1 200"
     return raw
 
@@ -517,12 +507,7 @@ def test_a_client_that_drops_right_after_the_handshake_leaves_nothing_held(
     every new socket 503."""
     hub = hub_of(node)
     for _ in range(20):
-        raw = socket.create_connection(("127.0.0.1", node.public_port))
-        raw.sendall(
-            b"GET /cells/Probe/z/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            b"Sec-WebSocket-Protocol: cellactors.v1\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
+        raw = raw_request(node.public_port, "/cells/Probe/z/ws", numbered=True)
         assert raw.recv(12) == b"HTTP/1.1 101"
         raw.close()
     eventually(lambda: len(hub.sockets) == 0, timeout=30)
@@ -534,15 +519,10 @@ def test_dropped_handshakes_do_not_use_up_the_nodes_sockets(sw_bucket: S3Bucket)
     the node refuses every honest socket (503 node_unavailable) until it restarts."""
     with served_node(sw_bucket, "ms", ServerSettings(max_sockets=5), classes=[Probe]) as node:
         for _ in range(5):
-            raw = socket.create_connection(("127.0.0.1", node.public_port))
-            raw.sendall(
-                b"GET /cells/Probe/z/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                b"Sec-WebSocket-Protocol: cellactors.v1\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            )
+            raw = raw_request(node.public_port, "/cells/Probe/z/ws", numbered=True)
             assert raw.recv(12) == b"HTTP/1.1 101"
             raw.close()
-        time.sleep(3)
+        eventually(lambda: len(hub_of(node).sockets) == 0, timeout=30)
         with CellSocket([node.public], "Probe", "honest", open_timeout=3) as sock:
             sock.send("hi")
             assert sock.recv(timeout=10) == "hi"
