@@ -11,9 +11,11 @@ cell (as with any request without an answer).
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -37,6 +39,19 @@ FINAL_CODES = frozenset(
     }
 )
 _FINAL_CELL_CODES = range(3000, 4000)  # codes a cell closes with: its own, final
+
+
+#: websockets 17.1 (Python 3.11 and later) warns when a connection is opened other than as
+#: a context manager unless asked for the former behaviour; earlier versions have no flag.
+_HELD = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
+_connect: Any = connect  # its overloads cannot say which a flag decided at import picks
+
+
+def held_connection(url: str, **options: Any) -> ClientConnection:
+    """A WebSocket connection opened now and held past this call (closed by its owner),
+    with any version of ``websockets`` the project supports."""
+    opened: ClientConnection = _connect(url, **options, **_HELD)
+    return opened
 
 
 class SocketClosed(Exception):
@@ -94,12 +109,11 @@ class CellSocket:
             base = self.urls[self._next % len(self.urls)]
             self._next += 1
             try:
-                ws = connect(
+                ws = held_connection(
                     self._url(base, resume),
                     subprotocols=[Subprotocol(p) for p in protocols],
                     open_timeout=self.open_timeout,
                     max_size=None,
-                    legacy=True,  # held past this call (resumed, closed by close())
                 )
                 hello = json.loads(ws.recv(timeout=self.open_timeout))
             except ConnectionClosed as err:
@@ -198,4 +212,4 @@ def _unframe(frame: str | bytes) -> tuple[int, str | bytes]:
     return int(value["seq"]), str(value["text"])
 
 
-__all__ = ["CellSocket", "SocketClosed"]
+__all__ = ["CellSocket", "SocketClosed", "held_connection"]

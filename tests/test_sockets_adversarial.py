@@ -25,7 +25,7 @@ from cellactors.core.sockets import Delivery, Holder, Push
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.socket_hub import HeldSocket, SocketHub
-from cellactors.socket_client import CellSocket
+from cellactors.socket_client import CellSocket, held_connection
 from tests.helpers.runtime import eventually
 from tests.helpers.served import ServedNode, served_node
 from tests.helpers.sockets import keyed_settings, raw_request
@@ -383,7 +383,7 @@ def test_a_stopping_holder_closes_its_sockets_with_1001_and_they_stay_resumable(
         call(owner, "shout", cell="d", text="-")
         assert owner.node.activations.active("Probe:d") is not None
         with served_node(sw_bucket, "hold", classes=[Probe]) as holder:
-            ws = connect(ws_url(holder, "d"), subprotocols=[V1], legacy=True)
+            ws = held_connection(ws_url(holder, "d"), subprotocols=[V1])
             hello = json.loads(ws.recv(timeout=10))
             eventually(lambda: call(owner, "roster", cell="d") != [])
             started = time.monotonic()
