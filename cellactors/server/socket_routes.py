@@ -298,7 +298,7 @@ class SocketRoutes:
                 queue.put_nowait(None)  # wakes a reader waiting for a frame
             try:
                 await asyncio.wait_for(ended.wait(), CLOSE_WAIT_S)
-            except TimeoutError:  # stuck writing to a reader that reads nothing: drop it
+            except asyncio.TimeoutError:  # stuck writing to a reader that reads nothing
                 abort = request.scope.get("extensions", {}).get(ABORT_EXTENSION)
                 if abort is not None:
                     abort()
@@ -318,7 +318,7 @@ class SocketRoutes:
                         frame = await asyncio.wait_for(
                             queue.get(), self.core.settings.feed_heartbeat
                         )
-                    except TimeoutError:
+                    except asyncio.TimeoutError:  # not the builtin before 3.11
                         yield b": heartbeat\n\n"
                         continue
                     if frame is not None:
@@ -407,7 +407,7 @@ def _ws_closer(ws: WebSocket) -> Any:
             await asyncio.wait_for(ws.close(code, reason), CLOSE_WAIT_S)
         except RuntimeError:
             pass  # closed already
-        except TimeoutError:  # a client that reads nothing cannot take a close frame
+        except asyncio.TimeoutError:  # a client that reads nothing cannot take a close
             abort = ws.scope.get("extensions", {}).get(ABORT_EXTENSION)
             if abort is not None:
                 abort()
