@@ -143,6 +143,9 @@ def test_a_failed_message_sends_nothing_and_closes_its_socket(node: ServedNode) 
     assert call(node, "said") == ["after"]
 
 
+# Slow: it pumps broadcasts until the kernel's buffers and the socket's fill (megabytes),
+# which starves timing-sensitive tests beside it: it runs once, in tox -e fleet.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ws", "events"])
 def test_a_client_that_stops_reading_is_cut_off(node: ServedNode, kind: str) -> None:
     raw = raw_request(node.public_port, f"/cells/Lobby/l/{kind}", upgrade=kind == "ws", rcvbuf=4096)

@@ -174,6 +174,7 @@ def _raw_events(node: ServedNode, cell: str) -> socket.socket:
     return raw
 
 
+@pytest.mark.slow  # pumps megabytes at a reader that never reads (see test_sockets.py)
 def test_an_event_stream_that_is_never_read_is_cut_off(node: ServedNode) -> None:
     """Docs (realtime.md, Limits): unsent bytes per socket, beyond max_socket_buffer the
     socket is closed. An /events stream puts every push in an unbounded asyncio.Queue (its
@@ -302,6 +303,7 @@ def test_a_stopping_holder_does_not_close_on_the_cell_sockets_it_let_go_for_resu
 # --- 6. a delivery too big for the holder's body limit ------------------------------------
 
 
+@pytest.mark.slow  # megabytes of pushes between two nodes
 def test_a_large_transaction_of_pushes_reaches_a_socket_held_by_another_node(
     sw_bucket: S3Bucket,
 ) -> None:
