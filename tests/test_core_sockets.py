@@ -81,3 +81,11 @@ def test_tags_and_ids() -> None:
     conn = sockets.new_conn_id()
     assert sockets.valid_conn_id(conn) and len(conn) == 22
     assert not sockets.valid_conn_id(conn + "x") and not sockets.valid_conn_id("../" + conn[3:])
+
+
+def test_a_close_reason_fits_a_close_frame_in_whole_characters() -> None:
+    """A close frame carries at most 123 bytes of reason: a longer one (an exception's
+    message, a cell's own reason in another script) is cut, never mid-character."""
+    assert sockets.close_reason("short") == "short"
+    cut = sockets.close_reason("é" * 100)  # 200 bytes
+    assert len(cut.encode()) <= 123 and cut == "é" * 61

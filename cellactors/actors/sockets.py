@@ -108,7 +108,7 @@ class Connection:
         if not (code == sockets.CLOSE_NORMAL or 3000 <= code <= 4999):
             raise ValueError("a cell closes a socket with 1000 or a code of 3000 to 4999")
         with self._writes() as tables:
-            tables.push(target_of(conn=self.id), sockets.CLOSE, reason[:120], code)
+            tables.push(target_of(conn=self.id), sockets.CLOSE, sockets.close_reason(reason), code)
             tables.remove(self.id)
 
     def __repr__(self) -> str:

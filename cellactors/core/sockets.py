@@ -147,6 +147,17 @@ def retained_from(head: int, keep: int = RETAINED_PUSHES) -> int:
     return max(1, head - keep + 1)
 
 
+#: A close frame's reason holds at most 123 bytes of UTF-8 (RFC 6455, 5.5).
+MAX_CLOSE_REASON_BYTES = 123
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what a close frame can carry (whole characters): longer, the close
+    itself would fail and the socket would be dropped without its code."""
+    data = text.encode("utf-8")[:MAX_CLOSE_REASON_BYTES]
+    return data.decode("utf-8", errors="ignore")
+
+
 def check_tags(tags: object, limit: int = 16) -> tuple[str, ...]:
     """Socket tags: up to ``limit`` non-empty strings of at most 64 characters."""
     if isinstance(tags, str) or not isinstance(tags, list | tuple | set | frozenset):

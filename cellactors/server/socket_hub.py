@@ -19,11 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cellactors.actors.sockets import SOCKET_METHOD, from_wire
+from cellactors.actors.sockets import from_wire
 from cellactors.core import alarms, sockets
 from cellactors.core.principal import Principal
 from cellactors.core.sockets import Action, Delivery, Holder, Push, Stream
-from cellactors.errors import UNKNOWN, CallError, SocketGone
+from cellactors.errors import UNKNOWN, CallError
 
 log = logging.getLogger(__name__)
 
@@ -359,9 +359,4 @@ class SocketHub:
             sock.shut(code, reason)
 
 
-def gone_error(err: BaseException) -> bool:
-    """Whether ``err`` says the cell no longer has the socket."""
-    return isinstance(err, SocketGone)
-
-
-__all__ = ["SOCKET_METHOD", "HeldSocket", "SocketHub", "gone_error"]
+__all__ = ["HeldSocket", "SocketHub"]

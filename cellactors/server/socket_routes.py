@@ -188,7 +188,7 @@ class SocketRoutes:
             "conn": sock.id,
             "holder": self.hub.holder.to_wire(),
             "code": code,
-            "reason": reason[:120],
+            "reason": sockets.close_reason(reason),
         }
         try:
             await self.hub.event(cell_id, fields, caller, f"ws.{sock.id}.close")
@@ -255,7 +255,7 @@ class SocketRoutes:
                 except (CallError, ValueError) as err:
                     await _close_for(ws, err)
                     sock.closed = True
-                    code, reason = sockets.CLOSE_FAILED, str(err)[:120]
+                    code, reason = sockets.CLOSE_FAILED, sockets.close_reason(str(err))
                     break
         except WebSocketDisconnect as err:
             code, reason = err.code, str(err.reason or "")
@@ -432,7 +432,7 @@ def _close_code(err: BaseException, opening: bool) -> int:
 async def _close_for(ws: WebSocket, err: BaseException, opening: bool = False) -> None:
     code = _close_code(err, opening)
     try:
-        await ws.close(code, f"{getattr(err, 'code', 'error')}: {err}"[:120])
+        await ws.close(code, sockets.close_reason(f"{getattr(err, 'code', 'error')}: {err}"))
     except RuntimeError:
         pass
 
