@@ -80,9 +80,19 @@ def test_a_slow_read_never_proven_quick_runs_off_the_loop(served: Any) -> None:
     assert slowest < 0.5, f"a health check waited {slowest:.2f}s behind a read"
 
 
-def test_sql_past_the_budget_on_the_loop_is_interrupted_and_answered_off_it(served: Any) -> None:
+def prove_quick(served: Any, method: str, answer: Any, **kwargs: Any) -> None:
+    """Call ``method`` until its reads prove quick (at least the four the rule needs; more
+    when a loaded machine slowed one past the budget), for at most 30 s."""
+    deadline = time.monotonic() + 30
     for _ in range(4):
-        assert call(served.public, "count_to", n=10) == 10  # proven quick: on the loop now
+        assert call(served.public, method, **kwargs) == answer
+    while not served.node.quick_reads.quick(("Reports", method)) and time.monotonic() < deadline:
+        assert call(served.public, method, **kwargs) == answer
+
+
+def test_sql_past_the_budget_on_the_loop_is_interrupted_and_answered_off_it(served: Any) -> None:
+    # Proven quick (on the loop now): a run slowed by a loaded machine just takes more.
+    prove_quick(served, "count_to", 10, n=10)
     assert served.node.quick_reads.quick(("Reports", "count_to"))
     slowest, result = slowest_health_check(
         served.public, lambda: call(served.public, "count_to", n=3_000_000)
@@ -95,8 +105,7 @@ def test_sql_past_the_budget_on_the_loop_is_interrupted_and_answered_off_it(serv
 def test_python_that_overstays_once_sends_the_method_off_the_loop(served: Any) -> None:
     """Python code (a sleep) cannot be interrupted: a proven method that overstays holds the
     loop that once, then runs off it until it proves quick again."""
-    for _ in range(4):
-        assert call(served.public, "nap", seconds=0) == 0
+    prove_quick(served, "nap", 0, seconds=0)
     assert served.node.quick_reads.quick(("Reports", "nap"))
     assert call(served.public, "nap", seconds=0.2) == 0.2
     assert not served.node.quick_reads.quick(("Reports", "nap"))
