@@ -59,6 +59,10 @@ from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
 
+#: How long a new activation's replicator holds ``on_activate``'s transaction back for the
+#: first message's (which normally follows within a millisecond).
+OPENING_LINGER_S = 0.1
+
 
 def class_name(cls: type[CellActor] | str) -> str:
     """The served name of a cell class given as a class or a name."""
@@ -207,8 +211,14 @@ class CellActor(LazyThreadingActor):
             self._chain = (self.cell_id,)
             self._caller = None
             self.__executor = CellExecutor(self, runtime)
+            # The first message follows at once: on_activate's transaction waits for it in
+            # the replicator and shares its upload (a new cell's schema and first write are
+            # one batch). Its failure fails the activation; its acknowledgement is not
+            # waited for: every answer of the cell waits for it anyway (txid order).
+            runtime.channel.opening(OPENING_LINGER_S)
             self.__executor.transact(self.on_activate, (), {}, reply)
-            reply.get()
+            with contextlib.suppress(pykka.Timeout):  # not yet acknowledged: not waited
+                reply.get(timeout=0)  # raises what on_activate raised
             runtime.run_inline = self._run_inline
             runtime.trim_if_idle = self._trim_if_idle
             runtime.database.before_close = self.__gate.close

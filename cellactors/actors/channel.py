@@ -59,6 +59,11 @@ class ReplicaChannel:
         self._traces: dict[int, Context] = {}
         #: Per txid, the pushes (messages to sockets) it sent: they leave once it is durable.
         self._pushes: dict[int, list[Any]] = {}
+        #: Until this monotonic time, the activation is still handing the cell its first
+        #: message: the replicator holds ``on_activate``'s transaction back for it, so that
+        #: a new cell's schema and its first write share one upload (0: not opening).
+        self._opening_until = 0.0
+        self._opening_linger = 0.0
 
     def commit(
         self,
@@ -82,6 +87,8 @@ class ReplicaChannel:
             if pushes:
                 self._pushes[txn.txid] = pushes
             self._commit_times[txn.txid] = time.monotonic()
+            if self._opening_linger:  # counted from on_activate's commit, however long it ran
+                self._opening_until = self._commit_times[txn.txid] + self._opening_linger
         if self.on_commit is not None:
             try:
                 self.on_commit()
@@ -102,7 +109,22 @@ class ReplicaChannel:
     def note_progress(self) -> None:
         """The cell finished a message (wakes a lingering replicator)."""
         with self._lock:
+            self._opening_until = self._opening_linger = 0.0
             self._progress.notify_all()
+
+    def opening(self, linger_s: float) -> None:
+        """The activation is about to hand the cell its first message: for at most
+        ``linger_s`` after the last commit before it, or until the cell finishes a message,
+        the replicator waits for it."""
+        with self._lock:
+            self._opening_linger = linger_s
+            self._opening_until = time.monotonic() + linger_s
+
+    def opening_until(self) -> float:
+        """The monotonic time until which the replicator waits for the first message (0:
+        none expected)."""
+        with self._lock:
+            return self._opening_until
 
     def wait_progress(self, timeout: float) -> None:
         with self._lock:

@@ -433,4 +433,5 @@ class CellExecutor:
         if call is not None:
             spans.note_outcome(outcome.error)
         rt.channel.hold(outcome)
-        rt.channel.note_progress()
+        if call is not None:  # (on_activate's is no progress: the first message is awaited)
+            rt.channel.note_progress()

@@ -175,13 +175,20 @@ class Replicator(PooledActor):
 
     def _linger(self) -> None:
         """Group commit: while the cell still has calls queued, give it a moment (bounded)
-        to commit them, so they share this upload instead of each paying for their own."""
+        to commit them, so they share this upload instead of each paying for their own. A
+        cell being opened is waited for until it finishes its first message (bounded too):
+        ``on_activate``'s transaction then travels with the first call's."""
         cell = self.cell_ref
         if cell is None:
             return
-        until = time.monotonic() + self.linger_s
-        while queued(cell) > 0 and time.monotonic() < until:
-            self.channel.wait_progress(until - time.monotonic())
+        now = time.monotonic()
+        until = now + self.linger_s
+        opening = self.channel.opening_until()
+        while now < max(until, opening) and (
+            (queued(cell) > 0 and now < until) or now < self.channel.opening_until()
+        ):
+            self.channel.wait_progress(max(until, opening) - now)
+            now = time.monotonic()
 
     def _upload(self, txns: list[Txn], deadline: float, trace: spans.Context | None) -> int:
         """PUT the batch, then re-read ``own.json`` (each a span under ``trace``, the
