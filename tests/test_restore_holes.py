@@ -148,8 +148,8 @@ def test_a_missing_middle_batch_fails_instead_of_sealing_below_it(
 ) -> None:
     three_writes_then_killed(sw_bucket)
     batches = sorted(i.key for i in listing(sw_bucket) if i.key.endswith(".batch"))
-    assert len(batches) == 4
-    sw_bucket.delete(batches[1])
+    assert len(batches) in (3, 4)  # on_activate's txid 1 rides with the first write's, mostly
+    sw_bucket.delete(batches[-2])  # a middle one: a later batch remains
     db = CellDatabase(tmp_path / "m.db")  # type: ignore[operator]
     with pytest.raises(RestoreHole, match="missing"):
         restore(sw_bucket, CELL, 2, db)

@@ -126,6 +126,18 @@ class ReplicaChannel:
         with self._lock:
             return self._opening_until
 
+    def nudge(self) -> None:
+        """Wake a replicator waiting in :meth:`wait_unshipped` (its request ended)."""
+        with self._lock:
+            self._progress.notify_all()
+
+    def wait_unshipped(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Wait until a transaction is committed and unshipped (True), or ``done()`` holds
+        or ``timeout`` passes (False); woken by :meth:`note_progress` and :meth:`nudge`."""
+        with self._lock:
+            self._progress.wait_for(lambda: bool(self._unshipped) or done(), max(0.0, timeout))
+            return bool(self._unshipped) and not done()
+
     def wait_progress(self, timeout: float) -> None:
         with self._lock:
             self._progress.wait(max(0.0, timeout))

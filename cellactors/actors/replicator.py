@@ -1,7 +1,7 @@
 """The replicator of one cell activation: ships batches and proves them durable.
 
-One upload in flight per cell: the actor handles one message at a time, and each ``Kick``
-takes *everything* committed since the last upload (group commit). After the batch PUT
+At most two batches in flight per cell (the next PUT leaves once the previous one landed);
+each takes *everything* committed since the last upload (group commit). After the batch PUT
 succeeds it re-reads ``own.json``; only if the record still names this node at this epoch
 are the held responses released. Anything else, or no proof within the deadline, fails the
 held responses and resets the cell (docs/protocol.md, "Writes and the acknowledgement rule").
@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import pykka
@@ -55,6 +56,37 @@ class EffectSink(Protocol):
 
     def pushed(self, pushes: list[Any]) -> None:
         """The pushes of acknowledged transactions, in order: they may leave now."""
+
+
+@dataclass(eq=False)
+class Flight:
+    """One batch on its way: sent (its PUT, then its re-read, in one request task) and not
+    yet acknowledged; or already failed before it could be sent (``error``)."""
+
+    txns: list[Txn]
+    span: spans.Span
+    effects: list[Any]
+    pushes: list[Any]
+    deadline: float
+    key: str = ""
+    body: bytes = b""
+    task: concurrent.futures.Future[Any] | None = None
+    put_done: threading.Event = field(default_factory=threading.Event)
+    error: NotDurable | None = None
+
+    def put_landed(self) -> bool:
+        """Wait until the PUT has landed or the task ended (then whether the PUT landed):
+        the next batch may leave only after this one's PUT, so that batches land in order
+        and no later one exists without every earlier one."""
+        task = self.task
+        if task is None:
+            return False
+        while not self.put_done.is_set() and not task.done():
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.put_done.wait(min(remaining, 0.05))
+        return self.put_done.is_set()
 
 
 class Replicator(PooledActor):
@@ -115,14 +147,40 @@ class Replicator(PooledActor):
         return super().on_receive(message)
 
     def _ship(self) -> None:
+        """Ship everything committed, as batches, until nothing is left: each batch's PUT
+        leaves once the previous batch's PUT has landed, without waiting for that batch's
+        re-read (a pipeline two deep); acknowledgements stay in txid order, each after its
+        own batch's re-read."""
         if self.channel.failed is not None:
             return
         self._linger()
         txns = self.channel.take()
         if not txns:
             return
-        with self._span(txns) as span:
-            self._ship_batch(txns, span)
+        flight: Flight | None = self._begin(txns)
+        while flight is not None:
+            following = self._follow(flight) if flight.put_landed() else None
+            self._finish(flight)
+            if following is None and self.channel.failed is None:
+                more = self.channel.take()  # committed while the batch failed or ended
+                if more:
+                    following = self._begin(more)
+            flight = following
+
+    def _follow(self, flight: Flight) -> Flight | None:
+        """While ``flight``'s re-read is out (its PUT landed), send the next batch as soon
+        as anything is committed; None when the re-read ends first."""
+        task = flight.task
+        assert task is not None
+        task.add_done_callback(lambda _task: self.channel.nudge())
+        while self.channel.failed is None:
+            if not self.channel.wait_unshipped(task.done, flight.deadline - time.monotonic()):
+                return None  # the re-read ended (or the deadline passed): prove it first
+            self._linger()
+            more = self.channel.take()
+            if more:
+                return self._begin(more)
+        return None
 
     def _span(self, txns: list[Txn]) -> spans.Span:
         """The acknowledgement's span (``cellactors.ack``): a child of the first traced call
@@ -142,22 +200,50 @@ class Replicator(PooledActor):
             transactions=len(txns),
         )
 
-    def _ship_batch(self, txns: list[Txn], span: spans.Span) -> None:
-        effects = self.channel.take_effects(txns[-1].txid)
-        pushes = self.channel.take_pushes(txns[-1].txid)
+    def _begin(self, txns: list[Txn]) -> Flight:
+        """Write the wake entries the batch needs, then send its PUT and re-read (one pool
+        task): the batch in flight."""
+        span = self._span(txns).begin()
+        flight = Flight(
+            txns,
+            span,
+            self.channel.take_effects(txns[-1].txid),
+            self.channel.take_pushes(txns[-1].txid),
+            time.monotonic() + self.deadline_s,
+        )
         try:
-            deadline = time.monotonic() + self.deadline_s
-            if effects and self.sink is not None:
+            if flight.effects and self.sink is not None:
                 sink = self.sink
-                self._retry(lambda: sink.before_upload(effects), deadline, "wake entry")
-            size = self._upload(txns, deadline, span.context())
+                self._retry(
+                    lambda: sink.before_upload(flight.effects), flight.deadline, "wake entry"
+                )
+            self._send(flight)
+        except NotDurable as err:
+            flight.error = err
+        return flight
+
+    def _finish(self, flight: Flight) -> None:
+        """Wait for the batch's proof, then acknowledge it (or fail the cell)."""
+        span = flight.span
+        failed = self.channel.failed
+        if failed is not None:  # an earlier batch failed (and reset the cell): nothing more
+            span.outcome(failed)
+            span.end()
+            return
+        try:
+            if flight.error is not None:
+                raise flight.error
+            size = self._prove(flight)
         except NotDurable as err:
             log.warning("cell %s epoch %d: %s", self.cell_id, self.epoch, err)
             span.outcome(err)
+            span.end()
             self.channel.fail(err)
             self.report_failure(err)
             return
         span.outcome(None)
+        span.end()
+        txns, pushes, effects = flight.txns, flight.pushes, flight.effects
         self.channel.ack(txns[-1].txid)
         if pushes and self.sink is not None:
             try:
@@ -190,32 +276,40 @@ class Replicator(PooledActor):
             self.channel.wait_progress(max(until, opening) - now)
             now = time.monotonic()
 
-    def _upload(self, txns: list[Txn], deadline: float, trace: spans.Context | None) -> int:
-        """PUT the batch, then re-read ``own.json`` (each a span under ``trace``, the
-        acknowledgement's, when it traces); the batch's size."""
-        batch = Batch(self.cell_id, self.epoch, txns)
-        body = encode_batch(batch)
-        key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
-        put_done = threading.Event()
+    def _send(self, flight: Flight) -> None:
+        """Send the batch's PUT, then the re-read of ``own.json``, in one pool task (no
+        hand-off back to this actor between them; each a span under the acknowledgement's,
+        when it traces)."""
+        batch = Batch(self.cell_id, self.epoch, flight.txns)
+        flight.body = encode_batch(batch)
+        flight.key = keys.batch_key(self.cell_id, self.epoch, batch.first, batch.last)
+        trace = flight.span.context()
+        body, key = flight.body, flight.key
 
         def put_then_reread() -> OwnerRecord | None:
             with spans.span("cellactors.put", trace, bytes=len(body)) if trace else spans.OFF:
                 self.bucket.put(key, body)
-            put_done.set()
+            flight.put_done.set()
             with spans.span("cellactors.reread", trace) if trace else spans.OFF:
                 return self.ownership.read_owner(self.cell_id)
 
+        flight.task = self.uploads.submit(put_then_reread)
+
+    def _prove(self, flight: Flight) -> int:
+        """Wait for the batch's PUT and re-read (retrying store errors one request at a
+        time until the deadline); the batch's size once ``own.json`` still names this
+        activation."""
+        assert flight.task is not None
         try:
-            # Both requests in one pool task: no hand-off back to this actor between them
-            # (the re-read still starts only after the PUT's answer).
-            record = self._once(put_then_reread, deadline, "batch upload")
+            record = self._wait(flight.task, flight.deadline, "batch upload")
         except Fenced as err:
             raise NotDurable(f"batch upload could not be proven: {err}") from err
         except BucketError:  # then one request at a time, backing off between attempts
-            if not put_done.is_set():
-                self._retry(lambda: self.bucket.put(key, body), deadline, "batch upload")
+            if not flight.put_done.is_set():
+                body, key = flight.body, flight.key
+                self._retry(lambda: self.bucket.put(key, body), flight.deadline, "batch upload")
             record = self._retry(
-                lambda: self.ownership.read_owner(self.cell_id), deadline, "re-read"
+                lambda: self.ownership.read_owner(self.cell_id), flight.deadline, "re-read"
             )
         if not acquire.names(record, self.ownership.node, self.epoch):
             node = record.node if record else None
@@ -224,17 +318,20 @@ class Replicator(PooledActor):
                 f"ownership lost: own.json names {node!r} at epoch {epoch}, not "
                 f"{self.ownership.node!r} at {self.epoch}; the write is not known durable"
             )
-        return len(body)
+        return len(flight.body)
 
     def _once(self, op: Callable[[], Any], deadline: float, what: str) -> Any:
         """Run ``op`` once on the request pool, waiting at most until the deadline: a
         request that hangs is abandoned there, and the write is then not proven. A store
         error is raised as it is."""
-        remaining = deadline - time.monotonic()
+        if deadline - time.monotonic() <= 0:
+            raise NotDurable(f"{what} could not be proven within {self.deadline_s:g}s: no answer")
+        return self._wait(self.uploads.submit(op), deadline, what)
+
+    def _wait(self, task: concurrent.futures.Future[Any], deadline: float, what: str) -> Any:
+        """The result of a request task, waited for at most until the deadline."""
         try:
-            if remaining <= 0:
-                raise concurrent.futures.TimeoutError
-            return self.uploads.submit(op).result(timeout=remaining)
+            return task.result(timeout=max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
             raise NotDurable(
                 f"{what} could not be proven within {self.deadline_s:g}s: no answer"

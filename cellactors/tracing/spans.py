@@ -140,6 +140,21 @@ class Span:
         self._token = otel_context.attach(trace.set_span_in_context(self.otel, self._parent))
         return self
 
+    def begin(self) -> Span:
+        """Start the span without making it the thread's current one (a span that ends in
+        another order than it began, such as a batch's among batches in flight); end it
+        with :meth:`end`."""
+        token_before = self._token
+        self.__enter__()
+        if self._token is not None and self._token is not token_before:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+        return self
+
+    def end(self) -> None:
+        """End a span started with :meth:`begin`."""
+        self.__exit__(None, None, None)
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -203,6 +218,12 @@ class _Off(Span):
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def begin(self) -> Span:
+        return self
+
+    def end(self) -> None:
         return None
 
     def set(self, key: str, value: Any) -> None:
