@@ -5,8 +5,10 @@ and one wake entry per cell however many schedules it has (counted requests)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from cellactors import Node, NodeSettings
 from cellactors.errors import MethodFailed
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.testing import Fleet
 from tests.helpers.alarms import SCAN, owner, wakes
 from tests.helpers.runtime import TTL, crash, eventually
 from tests.helpers.schedule_cells import FAILS, Planner
@@ -209,3 +212,28 @@ def test_twenty_schedules_in_one_call_cost_one_wake_entry_like_one(sw_bucket: S3
         assert sorted(c for c, _at in wakes(sw_bucket)) == ["Planner:many", "Planner:one"]
     finally:
         node.stop()
+
+
+def test_advancing_alarm_time_fires_schedules_an_hour_away(
+    cellactors_fleet: Callable[..., Fleet],
+) -> None:
+    """``Fleet.advance_alarms`` fires a hosted cell's schedules and an orphan's (its owner
+    killed); a recurring one runs once for the hour skipped and is re-armed after it."""
+    fleet = cellactors_fleet([Planner], nodes=2)
+    fleet.call(Planner, "hosted", "plan", name="report", after=3600, payload="h", via=0)
+    fleet.call(Planner, "hosted", "plan", name="hourly", cron="0 * * * *", via=0)
+    fleet.call(Planner, "orphan", "plan", name="report", after=3600, payload="o", via=1)
+    fleet.kill(1)  # its cell is hosted nowhere now: only a scan finds the schedule
+    assert fleet.call(Planner, "hosted", "runs", via=0) == []
+    fleet.advance_alarms(3601)
+
+    def ran(name: str, expected: list[str]) -> bool:
+        runs = fleet.call(Planner, name, "runs", via=0)
+        return sorted(r[0] for r in runs) == expected
+
+    eventually(functools.partial(ran, "hosted", ["hourly", "report"]), timeout=10)
+    eventually(functools.partial(ran, "orphan", ["report"]), timeout=10)
+    assert fleet.owner(Planner, "orphan") == "node-0"
+    (hourly,) = fleet.call(Planner, "hosted", "listing", via=0)
+    now = fleet.call(Planner, "hosted", "plan", name="probe", after=0, via=0)
+    assert hourly["name"] == "hourly" and now < hourly["due"] <= now + 3600

@@ -1,10 +1,11 @@
 """The runtime's alarm, outbox and dead-letter tables in a cell's own database.
 
 ``_cellactors_alarm`` holds the cell's alarm (``set_alarm``; its named schedules are in
-:mod:`~cellactors.persistence.celldb.schedule_tables`, and one wake entry covers both); ``_cellactors_outbox`` the messages of
-``send`` not yet delivered; ``_cellactors_dead_letters`` the messages that could not be
-delivered (with why, how often it was tried, and when), moved there out of the outbox by the
-delivering node, and back by an operator's retry. All are written by the runtime inside a
+:mod:`~cellactors.persistence.celldb.schedule_tables`, and one wake entry covers both);
+``_cellactors_outbox`` the messages of ``send`` not yet delivered;
+``_cellactors_dead_letters`` the messages that could not be delivered (with why, how often it
+was tried, and when), moved there out of the outbox by the delivering node, and back by an
+operator's retry. All are written by the runtime inside a
 transaction of the cell, so they are captured like any row and ride in the same batch as
 the user's writes: an alarm set, a message sent or a letter moved exists exactly when the
 transaction that did it is durable, and survives a takeover. Each is created by its first
