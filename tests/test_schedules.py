@@ -19,8 +19,9 @@ from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.testing import Fleet
 from tests.helpers.alarms import SCAN, owner, wakes
+from tests.helpers.buckets import CuttableBucket
 from tests.helpers.runtime import TTL, crash, eventually
-from tests.helpers.schedule_cells import FAILS, Planner
+from tests.helpers.schedule_cells import ATTEMPTS, FAILS, Planner
 
 
 def planner_node(bucket: Bucket, node_id: str, **kw: Any) -> Node:
@@ -237,3 +238,54 @@ def test_advancing_alarm_time_fires_schedules_an_hour_away(
     (hourly,) = fleet.call(Planner, "hosted", "listing", via=0)
     now = fleet.call(Planner, "hosted", "plan", name="probe", after=0, via=0)
     assert hourly["name"] == "hourly" and now < hourly["due"] <= now + 3600
+
+
+def test_a_run_whose_transaction_never_lands_runs_again_elsewhere_once(
+    sw_bucket: S3Bucket,
+) -> None:
+    """The run and the schedule's consumption are one transaction: n1 runs it, commits in
+    its file, but is cut from the store before the batch lands and dies; n2 takes over from
+    the bucket, where the schedule is still unrun, and runs it: once durable in all."""
+    store = CuttableBucket(sw_bucket)
+    n1, n2 = planner_node(store, "n1"), planner_node(sw_bucket, "n2")
+    try:
+        n1.cell(Planner, "lost").plan(name="once", after=1.0, payload="p")
+        store.cut = True  # from now on nothing n1 commits reaches the bucket
+        eventually(lambda: ATTEMPTS["lost/once"] == 1, timeout=10)
+        crash(n1, sw_bucket)
+        eventually(lambda: n2.metrics.alarms.labels("Planner", "fired")._value.get() == 1)
+        cell = n2.cell(Planner, "lost")
+        assert [r[:2] for r in cell.runs()] == [["once", "p"]]
+        assert ATTEMPTS["lost/once"] == 2 and cell.listing() == []
+        assert owner(sw_bucket, "Planner:lost")[0] == "n2"
+        eventually(lambda: wakes(sw_bucket) == [], timeout=5)
+    finally:
+        ATTEMPTS.pop("lost/once", None)
+        n1.stop()
+        n2.stop()
+
+
+def test_a_released_cell_runs_its_schedules(sw_bucket: S3Bucket) -> None:
+    node = planner_node(sw_bucket, "n1")
+    try:
+        at = node.cell(Planner, "a").plan(name="back", after=1.0)
+        assert node.passivate("Planner:a")
+        assert owner(sw_bucket, "Planner:a") == ("", 1)  # hosted nowhere
+        eventually(lambda: owner(sw_bucket, "Planner:a") == ("n1", 2), timeout=15)
+        runs = eventually(lambda: node.cell(Planner, "a").runs() or False, timeout=10)
+        assert isinstance(runs, list) and [r[0] for r in runs] == ["back"] and runs[0][2] >= at
+    finally:
+        node.stop()
+
+
+def test_a_hibernated_cell_runs_its_schedules_without_a_new_epoch(sw_bucket: S3Bucket) -> None:
+    node = planner_node(sw_bucket, "n1", alarm_scan_interval=60)
+    try:
+        cell = node.cell(Planner, "a")
+        cell.plan(name="tick", every=0.3)
+        assert node.hibernate("Planner:a")
+        eventually(lambda: node.metrics.alarms.labels("Planner", "fired")._value.get() >= 2)
+        assert owner(sw_bucket, "Planner:a") == ("n1", 1)
+        assert {r[0] for r in cell.runs()} == {"tick"}
+    finally:
+        node.stop()

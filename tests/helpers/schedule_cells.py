@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from typing import Any
 
 from cellactors import CellActor
@@ -11,6 +12,8 @@ from cellactors import CellActor
 #: Runs of ``on_schedule`` still to fail, by "<cell name>/<schedule name>": a count kept
 #: outside the cell's database, which the failing run's rollback cannot undo.
 FAILS: dict[str, int] = {}
+#: Runs of ``on_schedule`` started, by "<cell name>/<schedule name>" (durable or not).
+ATTEMPTS: Counter[str] = Counter()
 
 
 class Planner(CellActor):
@@ -47,6 +50,7 @@ class Planner(CellActor):
 
     def on_schedule(self, name: str, payload: Any) -> None:
         key = f"{self.name}/{name}"
+        ATTEMPTS[key] += 1
         if FAILS.get(key, 0) > 0:
             FAILS[key] -= 1
             raise RuntimeError(f"failing run of {name}")
