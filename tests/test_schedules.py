@@ -150,12 +150,13 @@ def test_a_failing_run_backs_off_and_then_commits_once(sw_bucket: S3Bucket) -> N
         runs = eventually(lambda: cell.runs() or False, timeout=15)
         assert isinstance(runs, list) and [r[:2] for r in runs] == [["flaky", 7]]
         assert runs[0][2] >= at + 0.2 + 0.4  # backoff 0.2 s, then 0.4 s
-        metrics = node.metrics.alarms
-        eventually(lambda: metrics.labels("Planner", "fired")._value.get() == 1)
-        assert metrics.labels("Planner", "retry")._value.get() == 2
+        # Two runs rolled back, the third durable (counted in the cell, not in metrics: a
+        # fire whose answer comes late under load is counted by neither result).
+        assert ATTEMPTS["a/flaky"] == 3
         assert cell.listing() == []
     finally:
         FAILS.pop("a/flaky", None)
+        ATTEMPTS.pop("a/flaky", None)
         node.stop()
 
 
