@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from cellactors.actors.channel import Outcome
 
 cells_log = logging.getLogger("cellactors.cells")
+#: The span attribute naming the schedule a run is for.
+SCHEDULE_ATTR = "cellactors.schedule"
 
 
 class Firing(Protocol):
@@ -66,6 +68,8 @@ def fire(executor: Firing, rt: CellRuntime, outcome: Outcome, row: ScheduleRow) 
             consume(tables, row, rt.clock.now_ms())
 
     spans.link_current(spans.parent_from(row.trace))  # to the call that set it
+    spans.note(spans.METHOD, "on_schedule")  # the run's span was opened as an alarm's
+    spans.note(SCHEDULE_ATTR, row.name)
     try:
         _, changes = executor._run(body)
         outcome.value = "fired"
