@@ -14,7 +14,8 @@ asserts on what the bucket holds, which is what survives any failure:
 - :meth:`Fleet.drain`: a graceful stop (SIGTERM): every cell released, the lease expired.
 - :meth:`Fleet.acknowledged`: the cell's database rebuilt read-only from the bucket (every
   acknowledged write), as table name -> rows; :meth:`Fleet.changes` its change feed.
-- :meth:`Fleet.advance_alarms`: move alarm time forward, so that alarms due by then fire now.
+- :meth:`Fleet.advance_alarms`: move alarm time forward, so that alarms and schedules due by
+  then fire now.
 - :meth:`Fleet.dead_letters`, :meth:`Fleet.retry_dead_letters`,
   :meth:`Fleet.purge_dead_letters`: the outbox messages a cell's outbox gave up.
 
@@ -231,8 +232,9 @@ class Fleet:
             raise AssertionError(f"the lease of {node_id} changed while it was being expired")
 
     def advance_alarms(self, seconds: float) -> None:
-        """Move alarm time forward by ``seconds`` on every node: alarms due by then fire now
-        (hosted cells from their node's timer, others from a scan run at once). Leases keep
+        """Move alarm time forward by ``seconds`` on every node: alarms and schedules due by
+        then fire now (hosted cells from their node's timer, others from a scan run at once;
+        a recurring schedule runs once, its runs missed meanwhile coalesced). Leases keep
         the real clock, so no node expires. The fleet's teardown moves the clock back."""
         for node in self.nodes:
             node.clock.advance(seconds)

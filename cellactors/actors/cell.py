@@ -16,12 +16,12 @@ A call may carry an idempotency key (see :mod:`cellactors.persistence.celldb.cal
 that writes is recorded in the same transaction; a later call with that key is answered
 from the record, through the same hold, without running.
 
-Alarms (``set_alarm``/``on_alarm``) and the outbox (``send``) are rows of runtime tables
-written in the call's own transaction (:mod:`cellactors.persistence.celldb.runtime_tables`); a
-transaction that changed them hands its new wake state to the replicator with its commit, so
-the wake entries are written once it is durable and before its answer is released. Calls
-between cells (``self.cell(...)``) go through the node with the call chain, so a cycle is
-refused instead of deadlocking.
+Alarms (``set_alarm``/``on_alarm``), schedules (``schedule``/``on_schedule``) and the outbox
+(``send``) are rows of runtime tables written in the call's own transaction
+(:mod:`cellactors.persistence.celldb.runtime_tables`); a transaction that changed them hands
+its new wake state to the replicator with its commit, so the wake entries are written once
+it is durable and before its answer is released. Calls between cells (``self.cell(...)``) go
+through the node with the call chain, so a cycle is refused instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import sqlite_utils
 
 from cellactors.actors.cell_gate import CellInbox, ExecGate
 from cellactors.actors.cell_runtime import CellRuntime, check_arguments, check_serializable
+from cellactors.actors.cell_schedules import ScheduleApi
 from cellactors.actors.executor import NOT_MINE, CellExecutor
 from cellactors.actors.messages import (
     Invoke,
@@ -151,7 +152,7 @@ def _is_method(cls: type, name: str) -> bool:
     )
 
 
-class CellActor(LazyThreadingActor):
+class CellActor(ScheduleApi, LazyThreadingActor):
     """Subclass this; public methods become the cell's API.
 
     Override :meth:`on_activate` to create tables. Do not override pykka's hooks
@@ -278,9 +279,14 @@ class CellActor(LazyThreadingActor):
         (set alarms from it, not from ``time.time()``, whose machine may be off)."""
         return self._require_runtime().clock.now()
 
+    def _now_ms(self) -> int:
+        return self._require_runtime().clock.now_ms()
+
     def set_alarm(self, at: float | datetime) -> None:
         """Have :meth:`on_alarm` run at ``at`` (epoch seconds or a datetime), replacing any
-        alarm set before. Part of the current transaction: it exists once that is durable."""
+        alarm set before. Part of the current transaction: it exists once that is durable.
+        The alarm is one schedule among the cell's (named ``"@alarm"`` in
+        :meth:`schedules`)."""
         at_ms = alarms.to_ms(at)
         with self._runtime_db().runtime_writes() as tables:
             tables.set_alarm(at_ms, trace=spans.traceparent())  # its fire links to this trace
@@ -371,6 +377,7 @@ class CellActor(LazyThreadingActor):
         allowed = {
             "on_activate",
             "on_alarm",
+            "on_schedule",
             "alarm_max_failures",
             "alarm_backoff_s",
             "alarm_backoff_max_s",

@@ -30,6 +30,7 @@ from cellactors.actors.cell_runtime import (
 )
 from cellactors.actors.channel import Outcome
 from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ReadOutbox, TakeImage
+from cellactors.actors.schedule_fire import fire as fire_schedule
 from cellactors.actors.sockets import is_refusal
 from cellactors.actors.typed import typed_method
 from cellactors.core import alarms
@@ -219,8 +220,9 @@ class CellExecutor:
             outcome.error, outcome.value = err, None
 
     def _fire(self, msg: FireAlarm) -> None:
-        """Run ``on_alarm`` if the alarm is due; on failure, record the retry (or drop the
-        alarm after the last one) in a transaction of its own."""
+        """Run ``on_alarm`` or ``on_schedule`` for whichever of the alarm and the schedules
+        is due first (one per message); on failure, record the retry (or drop the alarm
+        after the last one) in a transaction of its own."""
         msg.started = True
         with self._span(msg.trace, "on_alarm"):
             self._fire_traced(msg)
@@ -244,7 +246,14 @@ class CellExecutor:
         counted as a failure of ``on_alarm``."""
         rt.database.check_usable()
         row = rt.database.tables.alarm()
-        if row is not None and row.at_ms <= rt.clock.now_ms():
+        first = rt.database.tables.schedules.first()
+        now_ms = rt.clock.now_ms()
+        if first is not None and first.at_ms <= now_ms and (row is None or first.wake < row.wake):
+            rt.last_used = time.monotonic()
+            self.cell._chain = (self.cell.cell_id,)
+            self.cell._caller = None  # the runtime's own: no caller
+            fire_schedule(self, rt, outcome, first)
+        elif row is not None and row.at_ms <= now_ms:
             rt.last_used = time.monotonic()
             self.cell._chain = (self.cell.cell_id,)
             self.cell._caller = None  # the runtime's own: no caller

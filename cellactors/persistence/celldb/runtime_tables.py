@@ -1,9 +1,11 @@
 """The runtime's alarm, outbox and dead-letter tables in a cell's own database.
 
-``_cellactors_alarm`` holds the cell's one alarm; ``_cellactors_outbox`` the messages of
-``send`` not yet delivered; ``_cellactors_dead_letters`` the messages that could not be
-delivered (with why, how often it was tried, and when), moved there out of the outbox by the
-delivering node, and back by an operator's retry. All are written by the runtime inside a
+``_cellactors_alarm`` holds the cell's alarm (``set_alarm``; its named schedules are in
+:mod:`~cellactors.persistence.celldb.schedule_tables`, and one wake entry covers both);
+``_cellactors_outbox`` the messages of ``send`` not yet delivered;
+``_cellactors_dead_letters`` the messages that could not be delivered (with why, how often it
+was tried, and when), moved there out of the outbox by the delivering node, and back by an
+operator's retry. All are written by the runtime inside a
 transaction of the cell, so they are captured like any row and ride in the same batch as
 the user's writes: an alarm set, a message sent or a letter moved exists exactly when the
 transaction that did it is durable, and survives a takeover. Each is created by its first
@@ -23,6 +25,11 @@ from cellactors.core import principal
 from cellactors.core.alarms import Pending, Wake, WakeState
 from cellactors.core.principal import Principal
 from cellactors.persistence.celldb import calls
+from cellactors.persistence.celldb.schedule_tables import (
+    SCHEDULE_SQL,
+    SCHEDULE_TABLE,
+    ScheduleTables,
+)
 from cellactors.persistence.celldb.socket_tables import SOCKET_SQL
 from cellactors.persistence.celldb.socket_tables import table_exists as _exists
 
@@ -77,6 +84,7 @@ RUNTIME_SQL = {
     ALARM_TRACE_TABLE: ALARM_TRACE_SQL,
     OUTBOX_TABLE: OUTBOX_SQL,
     DEAD_LETTER_TABLE: DEAD_LETTER_SQL,
+    SCHEDULE_TABLE: SCHEDULE_SQL,
     **SOCKET_SQL,
 }
 
@@ -195,6 +203,8 @@ class RuntimeTables:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.touched = False
+        #: The cell's named schedules (their writes mark this object ``touched`` too).
+        self.schedules = ScheduleTables(conn, self)
 
     # --- alarm --------------------------------------------------------------------------
 
@@ -413,6 +423,9 @@ class RuntimeTables:
         return found is not None
 
     def state(self) -> WakeState:
-        """What the wake entries must mirror now."""
+        """What the wake entries must mirror now: one entry for whichever of the alarm and
+        the schedules runs first (however many schedules there are), and the outbox's."""
         alarm = self.alarm()
-        return WakeState(alarm.wake if alarm else None, self.outbox_pending())
+        first = self.schedules.first()
+        wakes = [w.wake for w in (alarm, first) if w is not None]
+        return WakeState(min(wakes) if wakes else None, self.outbox_pending())
