@@ -79,10 +79,10 @@ def test_a_batch_never_leaves_before_the_previous_put_landed(sw_bucket: S3Bucket
     puts: list[str] = []
     inner_put = store.put
 
-    def counting_put(key, body):  # type: ignore[no-untyped-def]
+    def counting_put(key: str, body: bytes) -> str:
         if key.endswith(".batch"):
             puts.append(key)
-        return inner_put(key, body)
+        return str(inner_put(key, body))
 
     store.put = counting_put  # type: ignore[method-assign]
     try:
