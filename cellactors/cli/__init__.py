@@ -60,6 +60,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from cellactors.cli import cells as _cells
     from cellactors.cli import dead_letters as _dead_letters
     from cellactors.cli import dev as _dev
     from cellactors.cli import feed as _feed
@@ -73,6 +74,7 @@ def _register() -> None:
     main.add_command(_serve.serve)
     main.add_command(_restore.restore)
     main.add_command(_status.status)
+    main.add_command(_cells.cells)
     main.add_command(_dev.dev)
     main.add_command(_feed.feed)
     main.add_command(_dead_letters.dead_letters)

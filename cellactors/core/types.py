@@ -53,12 +53,14 @@ class OwnerRecord:
     ``acked_txid`` is the highest txid known acknowledged when the record was written: a
     release writes what its activation acknowledged, a claim carries the previous record's
     forward. The next owner never seals or answers below it, however far the store's
-    listings lag (0 in records that predate it)."""
+    listings lag (0 in records that predate it). ``purging`` marks a record a purge wrote
+    to fence the cell before deleting its objects (docs/protocol.md, "Purging a cell")."""
 
     node: str
     epoch: int
     token: str
     acked_txid: int = 0
+    purging: bool = False
 
     @property
     def released(self) -> bool:

@@ -35,7 +35,8 @@ class OwnershipStore:
         acked = value.get("acked_txid", 0)
         if not isinstance(acked, int) or isinstance(acked, bool) or acked < 0:
             raise BucketError(f"{key}: acked_txid is not a txid: {acked!r}")
-        return OwnerRecord(value["node"], value["epoch"], obj.token, acked)
+        purging = value.get("purging", False) is True
+        return OwnerRecord(value["node"], value["epoch"], obj.token, acked, purging)
 
     def cas_owner(self, cell_id: str, guard: Guard, epoch: int, acked_txid: int = 0) -> CasResult:
         """Write ``{this node, epoch, acked_txid}`` if ``guard`` holds (``acked_txid``: the
