@@ -209,18 +209,14 @@ class KeyConflict(CallError):
     """An idempotency key was reused for a different method or different arguments; the
     call was not run."""
 
-    status = 409
-    code = "key_conflict"
-    outcome = NOT_RUN
+    status, code, outcome = 409, "key_conflict", NOT_RUN
 
 
 class CallCycle(CallError):
     """A call between cells would wait on a cell waiting for this call (A calls B calls A):
     it would deadlock, so it is refused before it runs, to the calling cell's method."""
 
-    status = 409
-    code = "call_cycle"
-    outcome = NOT_RUN
+    status, code, outcome = 409, "call_cycle", NOT_RUN
 
 
 # --- the node and its store ---------------------------------------------------------
@@ -284,6 +280,12 @@ class HistoryCollected(CallError):
             "snapshot_txid": self.snapshot_txid,
             "snapshot_epoch": self.snapshot_epoch,
         }
+
+
+class CellPurging(CallError):
+    """The cell is being purged (``own.json`` says so); nothing ran. Purge again to finish."""
+
+    status, code, outcome = 409, "cell_purging", NOT_RUN
 
 
 class FeedHole(CellactorsError):

@@ -8,6 +8,7 @@ import pytest
 
 from cellactors.core import acquire
 from cellactors.core.acquire import Claim, ReadLease, Remote, confirmed, decide
+from cellactors.errors import CellPurging
 from cellactors.persistence.control.leases import NodeLease
 from cellactors.persistence.control.ownership import OwnerRecord
 from cellactors.persistence.store.bucket import Absent, Match
@@ -119,3 +120,10 @@ def test_names_is_the_one_ownership_test() -> None:
     assert not acquire.names(record, "n2", 3)
     assert not acquire.names(None, "n1", 3)
     assert not acquire.names(OwnerRecord(node="", epoch=3, token="t"), "n1", 3)  # released
+
+
+def test_a_record_marked_purging_is_never_claimed() -> None:
+    record = OwnerRecord("", 4, "t", acked_txid=9, purging=True)
+    with pytest.raises(CellPurging, match="purged"):
+        decide("n1", record, 0)
+    assert not OwnerRecord("", 4, "t").purging

@@ -65,6 +65,7 @@ def _register() -> None:
     from cellactors.cli import dev as _dev
     from cellactors.cli import feed as _feed
     from cellactors.cli import openapi as _openapi
+    from cellactors.cli import purge as _purge
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
     from cellactors.cli import serve as _serve
@@ -75,6 +76,7 @@ def _register() -> None:
     main.add_command(_restore.restore)
     main.add_command(_status.status)
     main.add_command(_cells.cells)
+    main.add_command(_purge.purge)
     main.add_command(_dev.dev)
     main.add_command(_feed.feed)
     main.add_command(_dead_letters.dead_letters)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cellactors.core.types import Absent, Guard, Match, NodeLease, OwnerRecord
+from cellactors.errors import CellPurging
 
 MAX_ATTEMPTS = 5
 MAX_AMBIGUOUS = 3
@@ -81,6 +82,10 @@ def decide(
     another node, released (expiry 0) or without an address needs no clock."""
     if record is None:
         return Claim(epoch=1, guard=Absent())
+    if record.purging:
+        # A purge fenced the cell and deletes its objects: no claim may restore a part of
+        # its history; the purge (run again if it stopped) ends with own.json deleted.
+        raise CellPurging(f"cell is being purged (epoch {record.epoch}); run the purge again")
     if record.node in (me, ""):
         return Claim(record.epoch + 1, Match(record.token), floor=record.acked_txid)
     if lease is _UNREAD:

@@ -40,6 +40,7 @@ CALL_ERRORS: tuple[type[e.CallError], ...] = (
     e.KeyConflict,
     e.StaleRoute,
     e.CallCycle,
+    e.CellPurging,
     e.PayloadTooLarge,
     e.UnsupportedMediaType,
     e.HeadersTooLarge,

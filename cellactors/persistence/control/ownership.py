@@ -44,6 +44,16 @@ class OwnershipStore:
         body = records.encode({"node": self.node, "epoch": epoch, "acked_txid": acked_txid})
         return self.bucket.put_cas(keys.owner_key(cell_id), body, guard)
 
+    def mark_purging(self, cell_id: str, record: OwnerRecord) -> tuple[int, CasResult]:
+        """Fence the cell for a purge: write ``{"node": "", epoch + 1, purging}`` over
+        ``record`` (guarded by its token). The owner's next re-read no longer names it, and
+        no activation claims a purging record. Returns the new epoch and the write's result."""
+        epoch = record.epoch + 1
+        body = records.encode(
+            {"node": "", "epoch": epoch, "acked_txid": record.acked_txid, "purging": True}
+        )
+        return epoch, self.bucket.put_cas(keys.owner_key(cell_id), body, Match(record.token))
+
     def release_owner(self, cell_id: str, epoch: int, acked_txid: int) -> CasResult:
         """Release the cell if the record still names this node at ``epoch``, recording
         ``acked_txid``, the highest txid this activation acknowledged (the next owner's

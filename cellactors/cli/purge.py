@@ -1,0 +1,46 @@
+"""``cellactors purge``: delete one cell and every object of it from the bucket, fenced
+(:mod:`cellactors.persistence.control.purge`); the next call finds an empty new cell."""
+
+from __future__ import annotations
+
+import click
+
+from cellactors.cli.failures import CommandFailed, store_failure
+from cellactors.cli.store_options import StoreArgs, store_options
+from cellactors.core import keys
+from cellactors.errors import BucketError, InvalidCellId
+from cellactors.persistence.control.purge import purge_cell
+
+
+@click.command("purge")
+@store_options()
+@click.option("--cell", "cell_id", required=True, metavar="CLASS:NAME", help="e.g. Counter:a")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--settle",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to wait before the last listing, for a write the fenced owner had in "
+    "flight to land (and be deleted).",
+)
+def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float) -> None:
+    """Delete the cell's data for good: its batches, seals, snapshots, wake entries and
+    own.json. Its owner, if any, is fenced first. Not undoable."""
+    try:
+        keys.validate_cell_id(cell_id)
+    except InvalidCellId as err:
+        raise CommandFailed(str(err)) from err
+    if not yes:
+        click.confirm(f"delete {cell_id} and all its history for good?", abort=True)
+    bucket = store.open()
+    try:
+        result = purge_cell(bucket, cell_id, settle)
+    except BucketError as err:
+        raise store_failure(err, store.bucket) from err
+    finally:
+        bucket.close()
+    if result.fenced_epoch is None and result.deleted == 0:
+        click.echo(f"no cell {cell_id} in {bucket.spec}; nothing deleted")
+    else:
+        click.echo(f"purged {cell_id}: {result.deleted} objects deleted")

@@ -1,0 +1,109 @@
+"""Purging a cell: fenced, every object of it deleted from the bucket (own.json last), and
+the next call finds an empty new cell; a half-done purge is finished by the next one."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cellactors.cli import main
+from cellactors.core import keys
+from cellactors.core.alarms import Wake
+from cellactors.errors import CellactorsError, CellPurging
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.control.purge import fence_for_purge, purge_cell
+from cellactors.persistence.control.wakes import WakeStore, wake_key
+from cellactors.persistence.store.embedded import SeaweedServer
+from cellactors.persistence.store.s3 import S3Bucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import make_node
+
+CELL = "Counter:a"
+
+
+def _keys(bucket: S3Bucket, cell_id: str) -> list[str]:
+    return sorted(o.key for o in bucket.list(keys.cell_root(cell_id)))
+
+
+def test_purge_deletes_every_object_and_the_next_call_finds_an_empty_cell(
+    seaweed: SeaweedServer, sw_bucket: S3Bucket
+) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        for _ in range(3):
+            node.cell(Counter, "a").increment("x")
+        node.cell(Counter, "b").increment("x")
+        assert node.passivate(CELL)
+        wakes = WakeStore(sw_bucket)
+        wakes.put(CELL, Wake(10**12, "n-a"))
+        wakes.put("Counter:b", Wake(10**12, "n-b"))
+        kept = _keys(sw_bucket, "Counter:b")
+        assert len(_keys(sw_bucket, CELL)) >= 2
+
+        args = ["purge", "--bucket", f"s3://{sw_bucket.bucket}", "--endpoint", seaweed.endpoint]
+        refused = CliRunner().invoke(main, [*args, "--cell", CELL], input="n\n")
+        assert refused.exit_code != 0 and _keys(sw_bucket, CELL), "purged without a yes"
+        result = CliRunner().invoke(main, [*args, "--cell", CELL, "--yes", "--settle", "0"])
+        assert result.exit_code == 0, result.output
+        assert "purged Counter:a" in result.stdout
+
+        assert _keys(sw_bucket, CELL) == []
+        assert sw_bucket.head(wake_key(CELL, Wake(10**12, "n-a"))) is None
+        assert sw_bucket.head(wake_key("Counter:b", Wake(10**12, "n-b"))) is not None
+        assert _keys(sw_bucket, "Counter:b") == kept, "another cell was touched"
+
+        assert node.cell(Counter, "a").get("x") == 0  # an empty new cell
+        assert node.cell(Counter, "a").increment("x") == 1
+        record = OwnershipStore(sw_bucket, "reader").read_owner(CELL)
+        assert record is not None and record.epoch == 1  # created anew
+        assert node.cell(Counter, "b").get("x") == 1
+    finally:
+        node.stop()
+
+
+def test_a_purge_fences_the_live_owner(sw_bucket: S3Bucket) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        assert cell.increment("x") == 1
+        purge_cell(sw_bucket, CELL, settle=0)
+        assert _keys(sw_bucket, CELL) == []
+        # The owner still holds its activation: its next write is never acknowledged.
+        with pytest.raises(CellactorsError) as info:
+            cell.increment("x")
+        assert getattr(info.value, "outcome", None) in ("unknown", "not_run"), info.value
+        record = OwnershipStore(sw_bucket, "reader").read_owner(CELL)
+        assert record is None or record.node != "n1" or record.epoch == 1
+    finally:
+        node.stop()
+
+
+def test_a_half_done_purge_refuses_calls_and_the_next_purge_finishes(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        assert node.cell(Counter, "a").increment("x") == 1
+        assert node.passivate(CELL)
+        epoch = fence_for_purge(sw_bucket, CELL)  # the purge stopped right after fencing
+        record = OwnershipStore(sw_bucket, "reader").read_owner(CELL)
+        assert record is not None and record.purging and record.epoch == epoch == 2
+
+        with pytest.raises(CellPurging) as info:
+            node.cell(Counter, "a").get("x")
+        assert info.value.status == 409 and info.value.outcome == "not_run"
+        assert len(_keys(sw_bucket, CELL)) >= 2, "a refused call deleted or wrote something"
+
+        result = purge_cell(sw_bucket, CELL, settle=0)
+        assert result.fenced_epoch == 2
+        assert _keys(sw_bucket, CELL) == []
+        assert node.cell(Counter, "a").get("x") == 0
+    finally:
+        node.stop()
+
+
+def test_purging_a_missing_cell_deletes_nothing(sw_bucket: S3Bucket) -> None:
+    sw_bucket.put("cells/Counter:other/own.json", b'{"node":"","epoch":1,"acked_txid":0}')
+    result = purge_cell(sw_bucket, "Counter:none", settle=0)
+    assert (result.fenced_epoch, result.deleted) == (None, 0)
+    assert _keys(sw_bucket, "Counter:other") == ["cells/Counter:other/own.json"]
