@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from cellactors.actors.node.purging import purge as node_purge
 from cellactors.cli import main
 from cellactors.core import keys
 from cellactors.core.alarms import Wake
@@ -107,3 +108,22 @@ def test_purging_a_missing_cell_deletes_nothing(sw_bucket: S3Bucket) -> None:
     result = purge_cell(sw_bucket, "Counter:none", settle=0)
     assert (result.fenced_epoch, result.deleted) == (None, 0)
     assert _keys(sw_bucket, "Counter:other") == ["cells/Counter:other/own.json"]
+
+
+@pytest.mark.parametrize("idle", ["active", "hibernated"])
+def test_a_node_lets_go_of_its_copy_and_purges(sw_bucket: S3Bucket, idle: str) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        assert node.cell(Counter, "a").increment("x") == 1
+        if idle == "hibernated":
+            assert node.hibernate(CELL)
+        result = node_purge(node, Counter, "a", settle=0)
+        assert result.fenced_epoch is not None
+        assert _keys(sw_bucket, CELL) == []
+        assert not [p for p in node.cells_dir.iterdir() if p.name.startswith(CELL)]
+        assert node.resident_cells() == 0 and node.hibernated_cells() == 0
+        assert node.cell(Counter, "a").increment("x") == 1  # empty and new, and acknowledged
+        assert _keys(sw_bucket, CELL)[-1] == keys.owner_key(CELL)
+        assert not [k for k in _keys(sw_bucket, CELL) if "/e2/" in k or "/e3/" in k]
+    finally:
+        node.stop()
