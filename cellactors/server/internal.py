@@ -10,6 +10,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import anyio
@@ -21,6 +22,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import cellactors.errors as errors
+from cellactors.actors.node.node import Node
+from cellactors.actors.node.purging import purge
 from cellactors.core import keys, principal
 from cellactors.core.principal import Principal
 from cellactors.errors import (
@@ -51,6 +54,9 @@ from cellactors.tracing import spans
 from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
+
+#: Purging a cell (``DELETE``), an operator endpoint signed with the fleet key.
+CELL_ROUTE = "/cells/{cls_name}/{name}"
 
 
 class _InternalCore(Core):
@@ -182,6 +188,17 @@ class _InternalCore(Core):
         dead letters for good; answers the ids deleted."""
         return await self._dead_letters(request, self.node.purge_dead_letters, "purged")
 
+    async def purge_cell(self, request: Request) -> Response:
+        """``DELETE /cells/{cls}/{name}``: purge the cell through this node (it lets go of
+        its own copy first: :mod:`cellactors.actors.node.purging`), signed with the fleet key
+        like the dead-letter routes; answers ``{"purged": [{cell, fenced_epoch, deleted}]}``."""
+        return await self._dead_letters(request, self._purge, "purged")
+
+    def _purge(self, cls_name: str, name: str, _ids: list[str] | None) -> list[Any]:
+        if not isinstance(self.node, Node):
+            raise errors.InternalError("this node cannot purge cells")
+        return [asdict(purge(self.node, cls_name, name))]
+
     async def _dead_letters(
         self,
         request: Request,
@@ -284,6 +301,7 @@ def build_internal_app(
     routes = [
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),
+        Route(CELL_ROUTE, core.purge_cell, methods=["DELETE"]),
         Route(DEAD_LETTERS_ROUTE, core.purge_dead_letters, methods=["DELETE"]),
         Route(DEAD_LETTERS_ROUTE + "/retry", core.retry_dead_letters, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE + "/{letter}", core.purge_dead_letters, methods=["DELETE"]),
