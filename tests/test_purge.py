@@ -10,7 +10,7 @@ from cellactors.actors.node.purging import purge as node_purge
 from cellactors.cli import main
 from cellactors.core import keys
 from cellactors.core.alarms import Wake
-from cellactors.errors import CellactorsError, CellPurging
+from cellactors.errors import CellactorsError, CellPurging, NotDurable, RemoteOwner
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.control.purge import fence_for_purge, purge_cell
 from cellactors.persistence.control.wakes import WakeStore, wake_key
@@ -127,3 +127,23 @@ def test_a_node_lets_go_of_its_copy_and_purges(sw_bucket: S3Bucket, idle: str) -
         assert not [k for k in _keys(sw_bucket, CELL) if "/e2/" in k or "/e3/" in k]
     finally:
         node.stop()
+
+
+def test_a_node_sends_the_purge_of_a_live_peers_cell_to_that_peer(sw_bucket: S3Bucket) -> None:
+    n1 = make_node(sw_bucket, "n1")
+    n2 = make_node(sw_bucket, "n2")
+    try:
+        assert n1.cell(Counter, "a").increment("x") == 1
+        before = _keys(sw_bucket, CELL)
+        with pytest.raises(RemoteOwner) as info:
+            node_purge(n2, Counter, "a", settle=0)
+        assert info.value.node == "n1"
+        assert _keys(sw_bucket, CELL) == before, "a refused purge deleted something"
+
+        node_purge(n2, Counter, "a", settle=0, fence_live=True)  # fenced from afar
+        assert _keys(sw_bucket, CELL) == []
+        with pytest.raises(NotDurable):
+            n1.cell(Counter, "a").increment("x")
+    finally:
+        n2.stop()
+        n1.stop()
