@@ -4,7 +4,9 @@ a time, with owner, epoch, size and last activity; nothing is activated or writt
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, cast
 
 from click.testing import CliRunner
 
@@ -12,9 +14,12 @@ from cellactors.cli import main
 from cellactors.clock import wall_ms
 from cellactors.core import keys
 from cellactors.persistence.control.cell_listing import list_cells
+from cellactors.persistence.control.ownership import OwnershipStore
+from cellactors.persistence.store.bucket import Absent, Bucket, ObjectInfo, StoredObject
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
-from tests.helpers.cells import Counter, Sandbox
+from tests.helpers.cells import Counter as CounterCell
+from tests.helpers.cells import Sandbox
 from tests.helpers.runtime import make_node
 
 COUNTERS = [f"Counter:c{i}" for i in range(5)]
@@ -45,7 +50,7 @@ def test_cells_are_listed_page_by_page_without_activation(
     try:
         for i, cell in enumerate(COUNTERS):
             for _ in range(i + 1):
-                node.cell(Counter, cell.partition(":")[2]).increment("x")
+                node.cell(CounterCell, cell.partition(":")[2]).increment("x")
         node.cell(Sandbox, "s").run(["CREATE TABLE t (x)"])
         for cell in [*COUNTERS, "Sandbox:s"]:
             assert node.passivate(cell)
@@ -99,8 +104,8 @@ def test_cells_are_listed_page_by_page_without_activation(
 def test_cells_table_prints_the_next_cursor(seaweed: SeaweedServer, sw_bucket: S3Bucket) -> None:
     node = make_node(sw_bucket, "n1")
     try:
-        node.cell(Counter, "a").increment("x")
-        node.cell(Counter, "b").increment("x")
+        node.cell(CounterCell, "a").increment("x")
+        node.cell(CounterCell, "b").increment("x")
     finally:
         node.stop()
     args = ["cells", "--bucket", f"s3://{sw_bucket.bucket}", "--endpoint", seaweed.endpoint]
@@ -108,3 +113,33 @@ def test_cells_table_prints_the_next_cursor(seaweed: SeaweedServer, sw_bucket: S
     assert result.exit_code == 0, result.output
     assert "Counter:a" in result.stdout and "(released)" in result.stdout
     assert "more cells: --after Counter:a" in result.stdout
+
+
+class _Counting:
+    """Counts the bucket calls a listing makes (each a request here: cells are small)."""
+
+    def __init__(self, inner: S3Bucket) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+
+    def list_folders(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        self.calls["list_folders"] += 1
+        return self.inner.list_folders(prefix, start_after)
+
+    def get(self, key: str) -> StoredObject | None:
+        self.calls["get"] += 1
+        return self.inner.get(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self.calls["list"] += 1
+        return self.inner.list(prefix)
+
+
+def test_a_page_costs_requests_in_proportion_to_the_page(sw_bucket: S3Bucket) -> None:
+    for i in range(12):
+        OwnershipStore(sw_bucket, "n1").cas_owner(f"Counter:k{i:02d}", Absent(), 1)
+    counting = _Counting(sw_bucket)
+    page = list_cells(cast(Bucket, counting), "Counter", limit=3, after="Counter:k04")
+    assert [c.cell for c in page.cells] == ["Counter:k05", "Counter:k06", "Counter:k07"]
+    assert page.next_after == "Counter:k07"
+    assert counting.calls == Counter({"list_folders": 1, "get": 3, "list": 3})
