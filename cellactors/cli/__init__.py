@@ -61,6 +61,7 @@ def main() -> None:
 
 def _register() -> None:
     from cellactors.cli import cells as _cells
+    from cellactors.cli import clone as _clone
     from cellactors.cli import dead_letters as _dead_letters
     from cellactors.cli import dev as _dev
     from cellactors.cli import feed as _feed
@@ -77,6 +78,7 @@ def _register() -> None:
     main.add_command(_status.status)
     main.add_command(_cells.cells)
     main.add_command(_purge.purge)
+    main.add_command(_clone.clone)
     main.add_command(_dev.dev)
     main.add_command(_feed.feed)
     main.add_command(_dead_letters.dead_letters)
