@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from cellactors.actors.node.purging import purge as node_purge
 from cellactors.cli import main
+from cellactors.cli.status import read_status
 from cellactors.core import keys
 from cellactors.core.alarms import Wake
 from cellactors.errors import CellactorsError, CellPurging, NotDurable, RemoteOwner
@@ -94,6 +95,8 @@ def test_a_half_done_purge_refuses_calls_and_the_next_purge_finishes(
             node.cell(Counter, "a").get("x")
         assert info.value.status == 409 and info.value.outcome == "not_run"
         assert len(_keys(sw_bucket, CELL)) >= 2, "a refused call deleted or wrote something"
+        [row] = read_status(sw_bucket, 10).cells
+        assert (row.cell, row.state) == (CELL, "purging")
 
         result = purge_cell(sw_bucket, CELL, settle=0)
         assert result.fenced_epoch == 2

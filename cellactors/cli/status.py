@@ -48,7 +48,7 @@ class CellRow:
     cell: str
     owner: str  # empty when released
     epoch: int | None
-    state: str  # owned (owner alive) | orphaned (owner's lease expired) | released | unreadable
+    state: str  # owned | orphaned (owner's lease expired) | released | purging | unreadable
     problem: str | None = None
 
 
@@ -100,6 +100,8 @@ def _cell_rows(
         state = "owned" if record.node in alive else "orphaned"
         if record.released:
             state = "released"
+        if record.purging:
+            state = "purging"  # a purge (or a clone being built) holds it: calls are refused
         rows.append(CellRow(name, record.node, record.epoch, state))
     return rows, None
 
