@@ -150,3 +150,25 @@ def test_a_node_sends_the_purge_of_a_live_peers_cell_to_that_peer(sw_bucket: S3B
     finally:
         n2.stop()
         n1.stop()
+
+
+def test_the_command_refuses_a_live_owners_cell_unless_told_to_fence_it(
+    seaweed: SeaweedServer, sw_bucket: S3Bucket
+) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        assert node.cell(Counter, "a").increment("x") == 1
+        before = _keys(sw_bucket, CELL)
+        args = ["purge", "--bucket", f"s3://{sw_bucket.bucket}", "--endpoint", seaweed.endpoint]
+        args += ["--cell", CELL, "--yes", "--settle", "0"]
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code != 0 and "live node n1" in refused.output
+        assert _keys(sw_bucket, CELL) == before
+
+        fenced = CliRunner().invoke(main, [*args, "--fence-live"])
+        assert fenced.exit_code == 0, fenced.output
+        assert _keys(sw_bucket, CELL) == []
+        with pytest.raises(NotDurable):
+            node.cell(Counter, "a").increment("x")
+    finally:
+        node.stop()

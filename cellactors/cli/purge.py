@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import click
 
-from cellactors.cli.failures import CommandFailed, store_failure
+from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.core import keys
 from cellactors.errors import BucketError, InvalidCellId
-from cellactors.persistence.control.purge import purge_cell
+from cellactors.persistence.control.purge import live_owner, purge_cell
 
 
 @click.command("purge")
@@ -24,7 +24,14 @@ from cellactors.persistence.control.purge import purge_cell
     help="Seconds to wait before the last listing, for a write the fenced owner had in "
     "flight to land (and be deleted).",
 )
-def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float) -> None:
+@click.option(
+    "--fence-live",
+    is_flag=True,
+    help="Purge even if a live node owns the cell (it is fenced; see protocol.md for the "
+    "write it may leave behind). Without it such a cell is refused: purge it through that "
+    "node's DELETE /cells/{cls}/{name}.",
+)
+def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float, fence_live: bool) -> None:
     """Delete the cell's data for good: its batches, seals, snapshots, wake entries and
     own.json. Its owner, if any, is fenced first. Not undoable."""
     try:
@@ -35,6 +42,13 @@ def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float) -> None:
         click.confirm(f"delete {cell_id} and all its history for good?", abort=True)
     bucket = store.open()
     try:
+        owner = None if fence_live else live_owner(bucket, cell_id)
+        if owner is not None:
+            raise CommandFailed(
+                f"{cell_id} is owned by live node {owner}: purge it through that node, or "
+                "pass --fence-live",
+                EXIT_FAILURE,
+            )
         result = purge_cell(bucket, cell_id, settle)
     except BucketError as err:
         raise store_failure(err, store.bucket) from err

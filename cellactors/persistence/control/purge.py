@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from cellactors.core import keys
 from cellactors.errors import AmbiguousWrite, BucketError
+from cellactors.persistence.control.leases import LeaseStore
 from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.persistence.control.wakes import WAKE_PREFIX, parse_wake_key
 from cellactors.persistence.store.bucket import Applied, Bucket
@@ -60,6 +61,18 @@ def fence_for_purge(bucket: Bucket, cell_id: str) -> int | None:
         if isinstance(result, Applied):
             return epoch
     raise BucketError(f"could not fence {cell_id} for a purge: own.json kept changing")
+
+
+def live_owner(bucket: Bucket, cell_id: str) -> str | None:
+    """The node that owns the cell if its lease is live by the store's clock (an owner that
+    may still write, and whose purge belongs on that node), else None."""
+    record = OwnershipStore(bucket, "purge").read_owner(cell_id)
+    if record is None or record.purging or record.released:
+        return None
+    snap = LeaseStore(bucket, record.node).read_lease(record.node)
+    if snap is None or snap.lease.node != record.node:
+        return None
+    return record.node if snap.lease.is_live(bucket.clock.now_ms()) else None
 
 
 def _delete_history(bucket: Bucket, cell_id: str) -> int:
