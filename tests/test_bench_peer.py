@@ -8,10 +8,14 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.common import Sizes
+from bench.peer_restate import table
 from bench.peer_restate_install import PeerUnavailable, install
+from bench.peer_workloads import PeerSizes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,3 +75,24 @@ def test_install_raises_peer_unavailable_without_npm(
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     with pytest.raises(PeerUnavailable, match="npm is not on PATH"):
         install(tmp_path)
+
+
+def test_table_gives_medians_and_ratios_cellactors_over_restate() -> None:
+    def side(p50: list[float], rate: float, rss: dict[str, float]) -> dict[str, Any]:
+        return {
+            "lone": [{"p50_ms": v} for v in p50],
+            "hot": [{"acks_per_s": rate}],
+            "spread": [{"acks_per_s": rate, "cpu_ms_per_ack": 2.0}],
+            "first": [{"p50_ms": 10.0, "cpu_ms_per_call": 4.0}],
+            "rss": [rss],
+        }
+
+    ours = side([9.0, 2.0, 6.0], 300.0, {"rss_kib_node": 10.0, "rss_kib_store": 20.0})
+    theirs = side([4.0, 3.0, 5.0], 100.0, {"rss_kib_server": -1.0, "rss_kib_service": 0.0})
+    runs = {w: {"cellactors": ours[w], "Restate": theirs[w]} for w in ours}
+    lines = table(runs, PeerSizes.of(Sizes()))
+    assert lines[0] == ["1. one key, sequential: p50 latency", "6.00 ms", "4.00 ms", "1.50x"]
+    assert lines[1] == ["2. one key, 64 clients: acks/s", "300", "100", "3.00x"]
+    assert lines[2][0] == "3. 256 keys, 64 clients: acks/s"
+    assert lines[-1][1] == "30.0 KiB (node 10.0, store 20.0)"
+    assert lines[-1][3] == "-"  # no ratio to a growth within the noise (not above zero)
