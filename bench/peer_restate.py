@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_KEYS, Env, Sizes, medians, store_environment
-from bench.peer_restate_install import SDK_VERSION, SERVER_VERSION, PeerUnavailable, install
+from bench.peer_restate_install import (
+    SDK_VERSION,
+    SERVER_VERSION,
+    PeerUnavailable,
+    RestateInstall,
+    install,
+)
 from bench.peer_restate_procs import RestatePeer
 from bench.peer_workloads import WORKLOADS, Figures, PeerSizes, Side, growth, touch
 from bench.procs import NodeProc
@@ -67,31 +73,51 @@ def main(argv: list[str]) -> None:
     if args.runs:
         sizes = replace(sizes, runs=args.runs)
     peer_sizes = PeerSizes.of(sizes)
-    load_start = _loadavg()
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    meta: dict[str, Any] = {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git_commit(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": _loadavg(),
+        "restate_server": SERVER_VERSION,
+        "restate_sdk": SDK_VERSION,
+        "sizes": asdict(peer_sizes),
+    }
     try:
         log(f"installing Restate {SERVER_VERSION} and restate-sdk {SDK_VERSION} (cached) ...")
         restate = install(args.peer_cache)
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="cellactors-peer-") as tmp:
+            workdir = args.workdir or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            runs, sides, problems = run_both(restate, sizes, workdir)
     except PeerUnavailable as exc:
         print(f"SKIPPED --peer restate: {exc}", flush=True)
         sys.exit(0)
+    meta["duration_s"] = round(time.monotonic() - t0, 1)
+    meta["loadavg_end"] = _loadavg()
+    report(meta, runs, peer_sizes, sides, problems)
+    if args.json:
+        payload = {"meta": meta, "runs": runs, "problems": problems}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    sys.exit(1 if problems else 0)
+
+
+def run_both(
+    restate: RestateInstall, sizes: Sizes, workdir: Path
+) -> tuple[dict[str, dict[str, list[Figures]]], list[Side], list[str]]:
+    """Start both systems in ``workdir``, measure them and check their counters: the runs'
+    figures, the sides and what the check found. :class:`PeerUnavailable` when Restate
+    does not start."""
     store_environment()
     from cellactors.persistence.store.embedded import SeaweedServer
 
-    with tempfile.TemporaryDirectory(prefix="cellactors-peer-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        with SeaweedServer(workdir / "store", credentials=BENCH_KEYS) as store:
-            env = Env(store, workdir, sizes, log=log)
-            env.bucket("").ensure_exists()
-            node = NodeProc("peer", workdir / "cellactors", env.spec("peer"), env.endpoint)
-            node.start()
-            try:
-                peer = RestatePeer.start(restate, workdir / "restate")
-            except PeerUnavailable as exc:
-                node.stop()
-                print(f"SKIPPED --peer restate: {exc}", flush=True)
-                sys.exit(0)
+    with SeaweedServer(workdir / "store", credentials=BENCH_KEYS) as store:
+        env = Env(store, workdir, sizes, log=log)
+        env.bucket("").ensure_exists()
+        node = NodeProc("peer", workdir / "cellactors", env.spec("peer"), env.endpoint)
+        node.start()
+        try:
+            peer = RestatePeer.start(restate, workdir / "restate")
             try:
                 node.ready()
                 assert store.proc is not None
@@ -100,38 +126,22 @@ def main(argv: list[str]) -> None:
                         "cellactors",
                         node.url,
                         "/cells/Counter",
-                        _pids(node, store.proc.pid),
-                        lambda answer: int(answer["result"]),
+                        {"node": node.pid, "store": store.proc.pid},
+                        _call_result,
                     ),
                     Side("Restate", peer.url, "/Counter", peer.pids, int),
                 ]
-                t0 = time.monotonic()
-                runs = measure(sides, peer_sizes)
-                problems = [p for side in sides for p in side.check()]
-                duration = time.monotonic() - t0
+                runs = measure(sides, PeerSizes.of(sizes))
+                return runs, sides, [p for side in sides for p in side.check()]
             finally:
                 peer.stop()
-                node.stop()
-    meta = {
-        "started": started,
-        "duration_s": round(duration, 1),
-        "commit": _git_commit(),
-        "cpus": os.cpu_count(),
-        "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
-        "restate_server": SERVER_VERSION,
-        "restate_sdk": SDK_VERSION,
-        "sizes": asdict(peer_sizes),
-    }
-    report(meta, runs, peer_sizes, sides, problems)
-    if args.json:
-        payload = {"meta": meta, "runs": runs, "problems": problems}
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    sys.exit(1 if problems else 0)
+        finally:
+            node.stop()
 
 
-def _pids(node: NodeProc, store_pid: int) -> dict[str, int]:
-    return {"node": node.pid, "store": store_pid}
+def _call_result(answer: Any) -> int:
+    """The count in a cellactors answer, ``{"result": n}``."""
+    return int(answer["result"])
 
 
 def measure(sides: list[Side], s: PeerSizes) -> dict[str, dict[str, list[Figures]]]:
