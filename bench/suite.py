@@ -12,7 +12,8 @@ SIGKILL, TTL 3 s (<= 4 s); 13 lone write p50 on an embedded store that syncs eac
 one that does not (<= 2x); 14 a warm write and read with checked annotations vs without
 (<= 1.1x); 15 WebSockets: memory per idle socket vs a bare echo app (<= 1.3x), a
 message round trip vs an HTTP call doing the same insert (<= 1.3x), a broadcast to 1,000
-sockets until the last has it (p50 <= 50 ms). See docs/performance.md.
+sockets until the last has it (p50 <= 50 ms); 16 RSS growth per touched cell 35 s after the
+touch on a `serve` node with its embedded store (node <= 32 KiB). See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 from bench.common import BENCH_KEYS, REPO, Env, Row, Sizes, store_environment
 
-GROUPS = tuple(range(1, 16))
+GROUPS = tuple(range(1, 17))
 
 
 def row_ids(sizes: Sizes) -> list[str]:
@@ -47,7 +48,8 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += ["7-cold-restore", "8-snapshot", "9-idle-requests", "10-failover"]
     ids += ["11-failover-history", "12-lease-under-load", "13-store-sync"]
     ids += ["14-typed-write", "14-typed-read"]
-    return [*ids, "15-socket-density", "15-socket-roundtrip", "15-socket-broadcast"]
+    ids += ["15-socket-density", "15-socket-roundtrip", "15-socket-broadcast"]
+    return [*ids, "16-touched-memory"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,7 +97,15 @@ def log(message: str) -> None:
 
 def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
     """Run the selected row groups; (rows, errors). A failing group is reported, not fatal."""
-    from bench import rows_calls, rows_cells, rows_fleet, rows_sockets, rows_store, rows_typed
+    from bench import (
+        rows_calls,
+        rows_cells,
+        rows_fleet,
+        rows_memory,
+        rows_sockets,
+        rows_store,
+        rows_typed,
+    )
     from bench.procs import NodeProc
 
     rows: list[Row] = []
@@ -150,6 +160,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (13, rows_store.row13),
             (14, rows_typed.row14),
             (15, rows_sockets.row15),
+            (16, rows_memory.row16),
         ):
             if number in groups:
                 group(f"row {number}", functools.partial(env_fn, env))

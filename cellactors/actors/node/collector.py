@@ -3,8 +3,11 @@
 Every interval it trims the SQLite caches of cells idle past
 :data:`~cellactors.actors.node.settings.TRIM_AFTER_S` (once per idle period), hibernates
 cells idle past ``hibernate_timeout`` (still owned, nothing running), and releases cells
-idle past ``idle_timeout``, resident or hibernated. While the node's storage is degraded
-it also lets the storage probe run when due. It stops when the node stops serving.
+idle past ``idle_timeout``, resident or hibernated. After a round that trimmed or put cells
+away, and the round after it (their actors stop a moment later), it hands the freed heap back to the
+system (:mod:`.heap`): otherwise a node's RSS stays where its busiest moment left it. While
+the node's storage is degraded it also lets the storage probe run when due. It stops when
+the node stops serving.
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ import time
 from collections.abc import Callable
 
 from cellactors.actors.node.activations import Activations
+from cellactors.actors.node.heap import release_free_heap
 from cellactors.actors.node.settings import TRIM_AFTER_S, NodeSettings
 from cellactors.actors.node.status import NodeStatus
 from cellactors.actors.ownership import Active
 from cellactors.actors.storage import StorageHealth
 
 log = logging.getLogger(__name__)
+
+#: Rounds that hand freed heap back once cells were trimmed or put away: this one and the
+#: next.
+TRIM_ROUNDS = 2
 
 
 class Collector:
@@ -40,6 +48,9 @@ class Collector:
         self._status = status
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reaper-{node_id}", daemon=True)
+        #: Rounds that still hand freed heap back (set when a round trims or puts cells away).
+        self._trims_due = 0
+        self.heap_trims = 0  # times it did (tests count them)
 
     def start(self) -> None:
         self._thread.start()
@@ -73,11 +84,13 @@ class Collector:
         expired = [
             cid for cid, used in self.activations.dormant_since() if now - used > release_after
         ]
+        shrunk = False
         for active in trim:
             rt = active.runtime
             used = rt.last_used
             if rt.trim_if_idle is not None and rt.trim_if_idle():
                 rt.trimmed_for = used
+                shrunk = True
         for cid, idle_for in idle:
             if self._status() is not NodeStatus.SERVING:
                 return False
@@ -89,4 +102,10 @@ class Collector:
             if self._status() is not NodeStatus.SERVING:
                 return False
             self.activations.release_dormant(cid)
+        if idle or expired or shrunk:
+            self._trims_due = TRIM_ROUNDS
+        if self._trims_due:
+            self._trims_due -= 1
+            if release_free_heap():
+                self.heap_trims += 1
         return True
