@@ -12,6 +12,7 @@ the node stops serving.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 #: Rounds that hand freed heap back once cells were trimmed or put away: this one and the
 #: next.
 TRIM_ROUNDS = 2
+#: Seconds between two full garbage collections before handing heap back: a put-away
+#: cell's actors, threads and futures refer to each other, and Python frees such cycles
+#: only in a full collection, which on its own runs rarely on a big heap.
+COLLECT_EVERY_S = 10.0
 
 
 class Collector:
@@ -51,6 +56,7 @@ class Collector:
         #: Rounds that still hand freed heap back (set when a round trims or puts cells away).
         self._trims_due = 0
         self.heap_trims = 0  # times it did (tests count them)
+        self._collected_at = float("-inf")
 
     def start(self) -> None:
         self._thread.start()
@@ -106,6 +112,14 @@ class Collector:
             self._trims_due = TRIM_ROUNDS
         if self._trims_due:
             self._trims_due -= 1
-            if release_free_heap():
-                self.heap_trims += 1
+            self._release_heap(now)
         return True
+
+    def _release_heap(self, now: float) -> None:
+        """Free the garbage cycles put-away cells left (at most every
+        :data:`COLLECT_EVERY_S`), then hand the allocator's free pages back to the system."""
+        if now - self._collected_at >= COLLECT_EVERY_S:
+            self._collected_at = now
+            gc.collect()
+        if release_free_heap():
+            self.heap_trims += 1

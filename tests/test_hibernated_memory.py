@@ -1,0 +1,85 @@
+"""What a hibernated cell leaves on its node: its ``Dormant`` record (ownership, file) and
+its alarm mirror (so that it wakes with no bucket request), nothing else: no activation,
+no actor, no connection, no route, no push or outbox state; and the collector hands the
+freed heap back to the system after it puts cells away (docs/performance.md, row 16)."""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+from typing import TypeVar
+
+import pykka
+
+from cellactors import Node
+from cellactors.actors.cell import CellActor
+from cellactors.actors.node import heap
+from cellactors.actors.ownership import Active
+from cellactors.persistence.store.s3 import S3Bucket
+from tests.helpers.cells import Counter
+from tests.helpers.runtime import eventually, make_node
+
+T = TypeVar("T")
+CELLS = [f"Counter:m{i}" for i in range(12)]
+
+
+def live(kind: type[T]) -> list[T]:
+    """Objects of ``kind`` still reachable after a full collection."""
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, kind)]
+
+
+def actors_of(node: Node) -> list[pykka.ActorRef[pykka.Actor]]:
+    """The running actors that belong to one of :data:`CELLS` (by their thread's cell)."""
+    refs = pykka.ActorRegistry.get_all()
+    return [r for r in refs if any(cid in repr(r.actor_urn) for cid in CELLS)]
+
+
+def test_hibernated_cells_leave_only_their_dormant_record_and_mirror(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = make_node(sw_bucket, "n1", hibernate_timeout=0.3)
+    try:
+        trims = node.collector.heap_trims
+        for cid in CELLS:
+            node.cell(Counter, cid.split(":", 1)[1]).increment("x")
+        eventually(lambda: node.hibernated_cells() == len(CELLS), timeout=20)
+        acts = node.activations
+        with acts.lock:
+            assert acts._hosts == {}
+            assert acts._closing == {}
+            assert acts._local == {}
+            assert sorted(acts._dormant) == sorted(CELLS)
+        assert node.routes._routes == {}
+        assert node.pushes._cells == {}
+        assert not set(node.outbox._workers) & set(CELLS)
+        with node.alarms._cond:
+            assert sorted(node.alarms._mirrors) == sorted(CELLS)  # kept: a wake writes none
+        # Nothing of the open cells is left alive: actors, runtimes, connections (an idle
+        # worker of the node's pool once held its last task, and with it a cell's actor).
+        eventually(lambda: live(CellActor) == [], timeout=10)
+        assert live(Active) == []
+        dbs = [c for c in live(sqlite3.Connection) if str(node.cells_dir) in _db_path(c)]
+        assert dbs == []
+        assert all(not r.is_alive() for r in actors_of(node))
+        # The collector handed the freed heap back (glibc only; elsewhere it cannot).
+        can_trim = heap._malloc_trim() is not None
+        if can_trim:
+            eventually(lambda: node.collector.heap_trims > trims, timeout=10)
+        else:
+            assert node.collector.heap_trims == trims
+    finally:
+        node.stop()
+
+
+def test_release_free_heap_says_whether_the_allocator_could() -> None:
+    assert heap.release_free_heap() is (heap._malloc_trim() is not None)
+
+
+def _db_path(conn: sqlite3.Connection) -> str:
+    """The main database file of an open connection ('' when closed)."""
+    try:
+        row = conn.execute("PRAGMA database_list").fetchone()
+    except sqlite3.ProgrammingError:
+        return ""  # closed
+    return str(row[2]) if row else ""
