@@ -108,17 +108,19 @@ class Collector:
             if self._status() is not NodeStatus.SERVING:
                 return False
             self.activations.release_dormant(cid)
-        if idle or expired or shrunk:
+        busy = bool(idle or expired or shrunk)
+        if busy:
             self._trims_due = TRIM_ROUNDS
         if self._trims_due:
             self._trims_due -= 1
-            self._release_heap(now)
+            self._release_heap(now, settled=not busy)
         return True
 
-    def _release_heap(self, now: float) -> None:
+    def _release_heap(self, now: float, settled: bool) -> None:
         """Free the garbage cycles put-away cells left (at most every
-        :data:`COLLECT_EVERY_S`), then hand the allocator's free pages back to the system."""
-        if now - self._collected_at >= COLLECT_EVERY_S:
+        :data:`COLLECT_EVERY_S` while cells keep being put away, and once more in the first
+        round that puts none away), then hand the allocator's free pages back."""
+        if settled or now - self._collected_at >= COLLECT_EVERY_S:
             self._collected_at = now
             gc.collect()
         if release_free_heap():
