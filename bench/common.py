@@ -62,6 +62,7 @@ class Sizes:
     broadcasts: int = 15  # row 15: broadcasts per run
     touched_cells: int = 1000  # row 16: new cells touched once each per run
     hibernate_after: float = 30.0  # row 16: the node's --hibernate-after (its default)
+    touched_memory_runs: int = 1  # row 16: runs (each waits twice for cells to hibernate)
 
     @staticmethod
     def quick() -> Sizes:
