@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import gc
 import sqlite3
-from typing import TypeVar
+from typing import Any, TypeVar, cast
+
+import pytest
 
 from cellactors.actors.cell import CellActor
-from cellactors.actors.node import heap
+from cellactors.actors.node import NodeSettings, NodeStatus, heap
+from cellactors.actors.node import collector as collector_module
+from cellactors.actors.node.collector import Collector
 from cellactors.actors.ownership import Active, OwnershipActor
 from cellactors.actors.replicator import Replicator
 from cellactors.persistence.store.s3 import S3Bucket
@@ -81,3 +85,59 @@ def _db_path(conn: sqlite3.Connection) -> str:
     except sqlite3.ProgrammingError:
         return ""  # closed
     return str(row[2]) if row else ""
+
+
+class _Catalogue:
+    """Just what the collector asks of the activation catalogue: hibernated cells, all of
+    them expired (released at the next round)."""
+
+    def __init__(self) -> None:
+        self.dormant: list[str] = []
+
+    def resident(self) -> list[tuple[str, Active]]:
+        return []
+
+    def dormant_since(self) -> list[tuple[str, float]]:
+        return [(cid, 0.0) for cid in self.dormant]
+
+    def release_dormant(self, cell_id: str) -> None:
+        self.dormant.remove(cell_id)
+
+
+def test_the_collector_collects_and_trims_after_rounds_that_put_cells_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    def collect() -> int:
+        calls.append("gc")
+        return 0
+
+    def trim() -> bool:
+        calls.append("trim")
+        return True
+
+    monkeypatch.setattr(gc, "collect", collect)
+    monkeypatch.setattr(collector_module, "release_free_heap", trim)
+    # However slow this machine, the rounds below fall within one collection interval.
+    monkeypatch.setattr(collector_module, "COLLECT_EVERY_S", 1e9)
+    catalogue = _Catalogue()
+    collector = Collector(
+        "n1", NodeSettings(), cast(Any, catalogue), cast(Any, None), lambda: NodeStatus.SERVING
+    )
+
+    def round_(*put_away: str) -> list[str]:
+        catalogue.dormant += put_away
+        calls.clear()
+        assert collector.collect_once(release_after=0.0, hibernate_after=None)
+        return list(calls)
+
+    assert round_() == []  # nothing put away: nothing to hand back
+    assert round_("Counter:a") == ["gc", "trim"]  # the first collection is due at once
+    assert round_() == ["trim"]  # the next round trims again (actors stop a moment later)
+    assert round_() == []
+    assert round_("Counter:b") == ["trim"]  # within the interval of the last collection
+    assert round_("Counter:c") == ["trim"]
+    assert round_() == ["gc", "trim"]  # put-aways stopped: their cycles are collected
+    assert round_() == []
+    assert collector.heap_trims == 5

@@ -57,6 +57,7 @@ class Collector:
         self._trims_due = 0
         self.heap_trims = 0  # times it did (tests count them)
         self._collected_at = float("-inf")
+        self._uncollected = False  # cells were put away since the last full collection
 
     def start(self) -> None:
         self._thread.start()
@@ -108,20 +109,23 @@ class Collector:
             if self._status() is not NodeStatus.SERVING:
                 return False
             self.activations.release_dormant(cid)
-        busy = bool(idle or expired or shrunk)
-        if busy:
+        put_away = bool(idle or expired)
+        if put_away or shrunk:
             self._trims_due = TRIM_ROUNDS
+        self._uncollected = self._uncollected or put_away
         if self._trims_due:
             self._trims_due -= 1
-            self._release_heap(now, settled=not busy)
+            self._release_heap(now, settled=not put_away)
         return True
 
     def _release_heap(self, now: float, settled: bool) -> None:
         """Free the garbage cycles put-away cells left (at most every
         :data:`COLLECT_EVERY_S` while cells keep being put away, and once more in the first
-        round that puts none away), then hand the allocator's free pages back."""
-        if settled or now - self._collected_at >= COLLECT_EVERY_S:
+        round that puts none away; none for cells only trimmed), then hand the allocator's
+        free pages back."""
+        if self._uncollected and (settled or now - self._collected_at >= COLLECT_EVERY_S):
             self._collected_at = now
+            self._uncollected = False
             gc.collect()
         if release_free_heap():
             self.heap_trims += 1
