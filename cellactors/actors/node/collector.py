@@ -4,10 +4,11 @@ Every interval it trims the SQLite caches of cells idle past
 :data:`~cellactors.actors.node.settings.TRIM_AFTER_S` (once per idle period), hibernates
 cells idle past ``hibernate_timeout`` (still owned, nothing running), and releases cells
 idle past ``idle_timeout``, resident or hibernated. After a round that trimmed or put cells
-away, and the round after it (their actors stop a moment later), it hands the freed heap back to the
-system (:mod:`.heap`): otherwise a node's RSS stays where its busiest moment left it. While
-the node's storage is degraded it also lets the storage probe run when due. It stops when
-the node stops serving.
+away, and the round after it (their actors stop a moment later), it hands the freed heap
+back to the system (:mod:`.heap`), after a full garbage collection when cells were put away
+(their actors' reference cycles): otherwise a node's RSS stays where its busiest moment
+left it. While the node's storage is degraded it also lets the storage probe run when due.
+It stops when the node stops serving.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Handing freed heap back to the operating system.
 
 A cell that hibernates or is released frees its SQLite connection, its page cache and its
-actors' objects, but glibc's allocator keeps freed memory in its arenas (one per thread
-that allocated: each cell ran on threads of its own) until the top of a heap is free, which
-it rarely is. RSS then stays where the busiest moment left it. ``malloc_trim(0)`` returns
-every free page of every arena to the system; the collector calls it after a round that put
-cells away (docs/performance.md, row 16). Elsewhere than glibc it does nothing.
+actors' objects, but glibc's allocator keeps freed memory in its arenas (several, shared by
+the node's many threads) and gives it back on its own only from the top of a heap, which a
+long-lived object usually holds. RSS then stays where the busiest moment left it.
+``malloc_trim(0)`` returns every free page of every arena to the system; the collector
+calls it after rounds that trimmed or put cells away (docs/performance.md, row 16).
+Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
