@@ -50,7 +50,7 @@ from cellactors.cli.listeners import (
     reserve_listeners,
 )
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
-from cellactors.cli.serve_options import DURATION, env_option, wire_options
+from cellactors.cli.serve_options import DURATION, app_option, env_option, envvar, wire_options
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.files import private_dir
@@ -82,7 +82,7 @@ def _startup_signals() -> Iterator[None]:
 
 
 @click.command("serve")
-@env_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
+@app_option(envvar=envvar("app"), show_envvar=True)
 @store_options(
     required=False,
     bucket_help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
