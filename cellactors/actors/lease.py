@@ -21,7 +21,7 @@ from typing import Any
 
 import pykka
 
-from cellactors.clock import StoreClock, mono, wall_ms
+from cellactors.clock import StoreClock, local_time, mono, wall_ms
 from cellactors.core import lease_rules, store_clock
 from cellactors.errors import BucketError, ClockSkew
 from cellactors.persistence.control.leases import LeaseStore, NodeLease
@@ -172,10 +172,10 @@ class LeaseActor(pykka.ThreadingActor):
                 if not announced:
                     log.warning(
                         "node id %s is held by another live process (generation %s) until "
-                        "%d; waiting for its lease to expire instead of fighting over it",
+                        "%s; waiting for its lease to expire instead of fighting over it",
                         self.store.node,
                         decision.holder_generation,
-                        decision.expires_ms,
+                        local_time(decision.expires_ms),
                     )
                     announced = True
                 left_ms = decision.expires_ms - self.clock.low_ms()

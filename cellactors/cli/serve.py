@@ -375,6 +375,7 @@ def _run(
     """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
     the :class:`ServerSettings` of the limits on the wire (body size included)."""
     from cellactors.actors.node import Node
+    from cellactors.cli.welcome import announce
     from cellactors.persistence.control.peer_auth import ensure_peer_key
     from cellactors.persistence.store.embedded import SeaweedServer
     from cellactors.server.app import ServerSettings
@@ -422,6 +423,7 @@ def _run(
             settings=server_settings,
             fence=latch,
             sockets=held,
+            on_ready=announce(classes, embedded),
         )
     except ListenerUnavailable as err:
         click.echo(f"error: {err}", err=True)
