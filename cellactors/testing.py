@@ -84,13 +84,13 @@ class Fleet:
         self._tmp = tempfile.TemporaryDirectory(prefix="cellactors-fleet-")
         self.data_dir = Path(data_dir) if data_dir is not None else Path(self._tmp.name)
         self._server: Any = None
-        self.bucket = bucket if bucket is not None else self._open_store(store)
         base = settings or NodeSettings()
         self.settings = replace(base, lease_ttl=ttl, debug=True)  # tests see tracebacks
         self.nodes: list[Node] = []
         self._down: dict[str, str] = {}  # node id -> why it takes no calls
         self._advanced_s = 0.0  # how far advance_alarms moved the nodes' runtime clocks
-        try:
+        try:  # on any failure the nodes and the store started so far stop
+            self.bucket = bucket if bucket is not None else self._open_store(store)
             for index in range(nodes):
                 self.nodes.append(self._start(f"node-{index}", index))
         except BaseException:
@@ -101,21 +101,15 @@ class Fleet:
         if store == "memory":
             return MemoryBucket("fleet")
         if store == "seaweedfs":
-            import boto3
-
             from cellactors.persistence.store.embedded import SeaweedServer
             from cellactors.persistence.store.s3 import S3Bucket
 
-            self._server = SeaweedServer(self.data_dir / "seaweedfs").start()
-            keys = self._server.credentials  # made by the store; its S3 accepts no other
-            boto3.client(
-                "s3",
-                endpoint_url=self._server.endpoint,
-                region_name="us-east-1",
-                aws_access_key_id=keys.access_key_id,
-                aws_secret_access_key=keys.secret_access_key,
-            ).create_bucket(Bucket="fleet")
-            return S3Bucket(
+            # Signed with the keys the store made (its S3 accepts no other), never AWS_*
+            # from the environment: works on a machine with no AWS configuration at all.
+            self._server = SeaweedServer(self.data_dir / "seaweedfs")
+            self._server.start()  # stops its process itself when it fails
+            keys = self._server.credentials
+            bucket = S3Bucket(
                 "fleet",
                 "",
                 endpoint=self._server.endpoint,
@@ -123,6 +117,8 @@ class Fleet:
                 access_key=keys.access_key_id,
                 secret_key=keys.secret_access_key,
             )
+            bucket.ensure_exists()
+            return bucket
         raise ValueError(f"store must be 'memory' or 'seaweedfs', not {store!r}")
 
     def _start(self, node_id: str, index: int) -> Node:
@@ -371,6 +367,7 @@ class Fleet:
                 node.stop()
         if self._server is not None:
             self._server.stop()
+            self._server = None
         self._tmp.cleanup()
 
     def __enter__(self) -> Fleet:
