@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +57,10 @@ __all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
 #: loaded machine to renew (every TTL/3). Takeovers never wait for it: kill and pause expire
 #: the lease directly.
 DEFAULT_TTL = 3.0
+#: How long ``advance_alarms`` and ``settle`` wait for the fleet to be idle, and how often
+#: they look.
+SETTLE_TIMEOUT_S = 10.0
+SETTLE_POLL_S = 0.01
 
 T = TypeVar("T")
 
@@ -226,16 +231,53 @@ class Fleet:
         if not isinstance(result, Applied):
             raise AssertionError(f"the lease of {node_id} changed while it was being expired")
 
-    def advance_alarms(self, seconds: float) -> None:
+    def advance_alarms(self, seconds: float, timeout: float = SETTLE_TIMEOUT_S) -> None:
         """Move alarm time forward by ``seconds`` on every node: alarms due by then fire now
-        (hosted cells from their node's timer, others from a scan run at once). Leases keep
-        the real clock, so no node expires. The fleet's teardown moves the clock back."""
+        (hosted cells from their node's timer, others from a scan run at once), and this
+        returns once they have run (an :class:`AssertionError` naming what is still pending
+        after ``timeout`` seconds). Leases keep the real clock, so no node expires. The
+        fleet's teardown moves the clock back."""
         for node in self.nodes:
             node.clock.advance(seconds)
         self._advanced_s += seconds
         for node in self.nodes:
             if node.node_id not in self._down:
                 node.alarms.poke()
+        self._wait_idle("advance_alarms", timeout, outboxes=False)
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> None:
+        """Wait until every live node is idle: no alarm due and not yet run, no scan under
+        way, no outbox with a message to deliver (a delivery retrying after a failure
+        counts as pending). An :class:`AssertionError` after ``timeout`` seconds names what
+        is still pending on which node."""
+        self._wait_idle("settle", timeout, outboxes=True)
+
+    def _pending(self, outboxes: bool) -> list[str]:
+        found = []
+        for node in self.nodes:
+            if node.node_id in self._down or node.status != "serving":
+                continue
+            work = list(node.alarms.pending())
+            if outboxes:
+                work += [f"the outbox of {cell_id}" for cell_id in node.outbox.pending()]
+            found += [f"{node.node_id}: {what}" for what in work]
+        return found
+
+    def _wait_idle(self, what: str, timeout: float, *, outboxes: bool) -> None:
+        """Poll until two looks in a row find nothing pending (work may hop between nodes,
+        a delivery waking its target's outbox, between the looks at two nodes)."""
+        deadline = time.monotonic() + timeout
+        quiet = 0
+        while True:
+            pending = self._pending(outboxes)
+            quiet = 0 if pending else quiet + 1
+            if quiet >= 2:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{what}: still pending after {timeout:g}s: {'; '.join(pending)}"
+                )
+            time.sleep(SETTLE_POLL_S)
 
     # --- calls ---------------------------------------------------------------------------
 
