@@ -375,6 +375,7 @@ def _run(
     """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
     the :class:`ServerSettings` of the limits on the wire (body size included)."""
     from cellactors.actors.node import Node
+    from cellactors.cli.data_dir_lock import hold_data_dir
     from cellactors.cli.welcome import announce
     from cellactors.persistence.control.peer_auth import ensure_peer_key
     from cellactors.persistence.store.embedded import SeaweedServer
@@ -388,6 +389,7 @@ def _run(
     code: int = EXIT_OK
     try:
         with _startup_signals():
+            hold_data_dir(data_dir)  # first: a second serve names the first one's pid
             held = reserve_listeners(listeners)
             if store.bucket is None:
                 embedded, bucket = _start_embedded(store, data_dir)
