@@ -215,8 +215,8 @@ class KeyConflict(CallError):
 
 
 class CallCycle(CallError):
-    """A call between cells would wait on a cell waiting for this call (A calls B calls A):
-    it would deadlock, so it is refused before it runs, to the calling cell's method."""
+    """A call would wait on a cell waiting for it (A calls B calls A): refused before it runs,
+    to the calling method; a method that lets it escape answers with it, outcome ``failed``."""
 
     status = 409
     code = "call_cycle"
@@ -488,7 +488,9 @@ def error_from_answer(status: int, payload: Any) -> CallError:
         return collected
     cls = _BY_CODE.get(code)
     if cls is not None:
-        return cls(message)
+        known, outcome = cls(message), payload.get("outcome")
+        known.outcome = outcome if outcome in OUTCOMES else known.outcome  # CallCycle's varies
+        return known
     err = CallError(message)
     err.status = status
     err.code = code

@@ -253,8 +253,8 @@ class SeaweedServer:
         _, self._credentials = prepare_keys(self.data_dir, self._given_credentials)
         self._choose_filer_store()
         self._rebuild_indexes_after_reboot()
-        self._start_process(timeout)
-        try:
+        try:  # whatever fails (an interrupt too), no ``weed`` is left running
+            self._start_process(timeout)
             if self._syncs_uploads() != self.sync:
                 self._set_fsync_rule()
                 self.stop(grace=0)  # nothing to lose: the rule is in the (synced) store
