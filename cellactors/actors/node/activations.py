@@ -171,6 +171,7 @@ class Activations:
         route) or the activation's error (``CellVacant`` for a cell never created, with
         ``vacant_ok``: it stays uncreated; without, a read's such try is waited out)."""
         inline = False
+        thread: threading.Thread | None = None
         with self.lock:
             status = self._status()
             if status is not NodeStatus.SERVING:
@@ -187,7 +188,9 @@ class Activations:
                 inline = cell_id in self._dormant
                 if not inline:  # the caller's trace context goes along (it is a thread's)
                     run = functools.partial(self._run, host, forwarded, vacant_ok, spans.current())
-                    threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}").start()
+                    thread = threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}")
+        if thread is not None:  # started outside the lock: a start waits for the new thread
+            thread.start()
         if inline:
             self._run(host, forwarded, False, None)  # in this thread: its context
         try:
