@@ -382,6 +382,23 @@ def test_full_node_places_unowned_cells_on_the_least_loaded_peer(sw_bucket: S3Bu
             n.stop()
 
 
+def test_room_counts_active_cells_only(sw_bucket: S3Bucket) -> None:
+    """Placement asks ``has_room`` on every activation of an unowned cell: it answers
+    without a scan while few cells are hosted, and by the active count once many are."""
+    node = make_node(sw_bucket, "room")
+    try:
+        assert node.activations.has_room(1)
+        for name in ("r1", "r2"):
+            node.cell(Counter, name).increment("x")
+        assert node.activations.resident_count() == 2
+        assert not node.activations.has_room(2)
+        assert node.activations.has_room(3)
+        node.activations.put_away("Counter:r1", hibernate=False)
+        assert node.activations.has_room(2)
+    finally:
+        node.stop()
+
+
 def test_a_call_after_the_lease_deadline_fences_instead_of_answering(sw_bucket: S3Bucket) -> None:
     from cellactors.errors import NodeUnavailable
 

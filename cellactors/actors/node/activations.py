@@ -147,6 +147,15 @@ class Activations:
         with self.lock:
             return sum(1 for h in self._hosts.values() if h.active is not None)
 
+    def has_room(self, limit: int) -> bool:
+        """Whether fewer than ``limit`` cells are active. Asked on every activation of an
+        unowned cell: while fewer than ``limit`` are hosted at all (activating included) it
+        answers without scanning the catalogue, so the lock every call takes stays short."""
+        with self.lock:
+            if len(self._hosts) < limit:
+                return True
+            return sum(1 for h in self._hosts.values() if h.active is not None) < limit
+
     def dormant_count(self) -> int:
         with self.lock:
             return len(self._dormant)
