@@ -17,7 +17,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.host import CellHost
 from cellactors.actors.messages import ask_method
 from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.node.held import Dormant, Stores
 from cellactors.actors.node.listener import ActivationListener
 from cellactors.actors.node.placement import Placement
 from cellactors.actors.node.routes import RouteCache
@@ -49,30 +49,10 @@ from cellactors.errors import (
     StaleRoute,
 )
 from cellactors.persistence.celldb.database import remove_db_files
-from cellactors.persistence.control.leases import LeaseStore
-from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.store.bucket import Applied, Bucket
+from cellactors.persistence.store.bucket import Applied
 from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Dormant:
-    """A hibernated cell: ``own.json`` still names this node at ``copy.epoch`` and
-    ``copy.path`` is the file it closed; ``last_used`` is when it was last called."""
-
-    copy: LocalCopy
-    last_used: float
-
-
-@dataclass(frozen=True)
-class Stores:
-    """The bucket and the control-record stores the catalogue's activations use."""
-
-    gate: Bucket
-    ownership: OwnershipStore
-    leases: LeaseStore
 
 
 class Activations:
