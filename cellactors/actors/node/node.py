@@ -153,7 +153,7 @@ class Node:
                 self.settings,
                 self.storage,
                 self.leases,
-                lambda: self.activations.resident_count(),
+                lambda limit: self.activations.has_room(limit),
             ),
             services=self,
             pools=self.pools,
