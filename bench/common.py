@@ -60,6 +60,9 @@ class Sizes:
     socket_roundtrips: int = 200  # row 15: socket round trips (and as many calls) per run
     broadcast_sockets: int = 1000  # row 15: sockets of the broadcasting cell
     broadcasts: int = 15  # row 15: broadcasts per run
+    touched_cells: int = 1000  # row 16: new cells touched once each per run
+    hibernate_after: float = 30.0  # row 16: the node's --hibernate-after (its default)
+    touched_memory_runs: int = 1  # row 16: runs (each waits twice for cells to hibernate)
 
     @staticmethod
     def quick() -> Sizes:
@@ -79,6 +82,7 @@ class Sizes:
             socket_roundtrips=100,
             broadcast_sockets=100,
             broadcasts=10,
+            touched_cells=300,
         )
 
     def scaled(self, factor: float) -> Sizes:
@@ -110,6 +114,8 @@ class Sizes:
             socket_roundtrips=n(self.socket_roundtrips, 20),
             broadcast_sockets=n(self.broadcast_sockets, 10),
             broadcasts=n(self.broadcasts, 3),
+            touched_cells=n(self.touched_cells, 20),
+            hibernate_after=max(1.0, self.hibernate_after * factor),
         )
 
     def as_dict(self) -> dict[str, Any]:

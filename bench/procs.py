@@ -92,14 +92,16 @@ class ServerProc:
 
 class NodeProc(ServerProc):
     """One ``cellactors serve`` process serving ``app`` (``examples/counter.py`` unless
-    told otherwise: a file or a module)."""
+    told otherwise: a file or a module). Without ``bucket_spec`` (and ``endpoint``) it
+    starts its embedded store under its data directory, as ``serve`` without ``--bucket``
+    does."""
 
     def __init__(
         self,
         node_id: str,
         workdir: Path,
-        bucket_spec: str,
-        endpoint: str,
+        bucket_spec: str | None,
+        endpoint: str | None,
         *,
         lease_ttl: float = 10.0,
         extra: tuple[str, ...] = (),
@@ -114,10 +116,8 @@ class NodeProc(ServerProc):
             "serve",
             "--app",
             str(app),
-            "--bucket",
-            bucket_spec,
-            "--endpoint",
-            endpoint,
+            *(["--bucket", bucket_spec] if bucket_spec else []),
+            *(["--endpoint", endpoint] if endpoint else []),
             "--node",
             node_id,
             "--listen",

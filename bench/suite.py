@@ -12,9 +12,10 @@ SIGKILL, TTL 3 s (<= 4 s); 13 lone write p50 on an embedded store that syncs eac
 one that does not (<= 2x); 14 a warm write and read with checked annotations vs without
 (<= 1.1x); 15 WebSockets: memory per idle socket vs a bare echo app (<= 1.3x), a
 message round trip vs an HTTP call doing the same insert (<= 1.3x), a broadcast to 1,000
-sockets until the last has it (p50 <= 50 ms); 17 a store 20 ms (PUT) and 10 ms (GET) away: one
-cell, 64 writers (>= 1,500/s, ack p50 <= 1.3x a PUT+GET), 256 cells by 64 clients vs PUT+GET
-pairs/s (>= 0.9x). See docs/performance.md.
+sockets until the last has it (p50 <= 50 ms); 16 RSS growth per touched cell 35 s after the
+touch on a `serve` node with its embedded store (node <= 32 KiB); 17 a store 20 ms (PUT) and
+10 ms (GET) away: one cell, 64 writers (>= 1,500/s, ack p50 <= 1.3x a PUT+GET), 256 cells by
+64 clients vs PUT+GET pairs/s (>= 0.9x). See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def row_ids(sizes: Sizes) -> list[str]:
     ids += ["11-failover-history", "12-lease-under-load", "13-store-sync"]
     ids += ["14-typed-write", "14-typed-read"]
     ids += ["15-socket-density", "15-socket-roundtrip", "15-socket-broadcast"]
+    ids += ["16-touched-memory"]
     return [*ids, "17-far-hot-rate", "17-far-hot-p50", "17-far-cells"]
 
 
@@ -103,6 +105,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
         rows_cells,
         rows_far,
         rows_fleet,
+        rows_memory,
         rows_sockets,
         rows_store,
         rows_typed,
@@ -161,6 +164,7 @@ def run_suite(env: Env, groups: set[int]) -> tuple[list[Row], list[str]]:
             (13, rows_store.row13),
             (14, rows_typed.row14),
             (15, rows_sockets.row15),
+            (16, rows_memory.row16),
             (17, rows_far.row17),
         ):
             if number in groups:

@@ -150,7 +150,7 @@ async def node_lifespan(
             timeout_graceful_shutdown=int(s.graceful_timeout),
         )
     )
-    task = asyncio.create_task(_serve_one(server, sock))
+    task = asyncio.create_task(_serve_one(server, sock, "internal"))
     sweep = asyncio.create_task(guard.sweep(server.server_state.connections))
     public = build_public_app(node, fleet_key, s)
     try:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import logging
 import threading
@@ -43,6 +44,13 @@ def mono() -> float:
 def wall_ms() -> int:
     """This machine's wall clock, in milliseconds."""
     return int(time.time() * 1000)
+
+
+def local_time(ms: int) -> str:
+    """A time in epoch milliseconds as people read it in a log: ISO-like, local time with
+    its offset (``2026-12-03 21:12:37.334+00:00``)."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).astimezone()
+    return moment.isoformat(sep=" ", timespec="milliseconds")
 
 
 def http_date_ms(value: str | None) -> int | None:

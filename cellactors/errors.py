@@ -206,15 +206,14 @@ class BadResult(CallError):
 
 
 class KeyConflict(CallError):
-    """An idempotency key was reused for a different method or different arguments; the
-    call was not run."""
+    """An idempotency key reused for another method or other arguments; nothing ran."""
 
     status, code, outcome = 409, "key_conflict", NOT_RUN
 
 
 class CallCycle(CallError):
-    """A call between cells would wait on a cell waiting for this call (A calls B calls A):
-    it would deadlock, so it is refused before it runs, to the calling cell's method."""
+    """A call would wait on a cell waiting for it (A calls B calls A): refused before it runs,
+    to the calling method; a method that lets it escape answers with it, outcome ``failed``."""
 
     status, code, outcome = 409, "call_cycle", NOT_RUN
 
@@ -316,8 +315,7 @@ class TransactionLost(Refused):
 class PayloadTooLarge(BadRequest):
     """The request body exceeds the configured limit; nothing was executed."""
 
-    status = 413
-    code = "payload_too_large"
+    status, code = 413, "payload_too_large"
 
     def __init__(self, message: str, *, drained: bool = True) -> None:
         super().__init__(message)
@@ -490,7 +488,9 @@ def error_from_answer(status: int, payload: Any) -> CallError:
         return collected
     cls = _BY_CODE.get(code)
     if cls is not None:
-        return cls(message)
+        known, outcome = cls(message), payload.get("outcome")
+        known.outcome = outcome if outcome in OUTCOMES else known.outcome  # CallCycle's varies
+        return known
     err = CallError(message)
     err.status = status
     err.code = code

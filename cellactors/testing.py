@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,10 @@ __all__ = ["Fleet", "NodeDown", "cellactors_fleet"]
 #: loaded machine to renew (every TTL/3). Takeovers never wait for it: kill and pause expire
 #: the lease directly.
 DEFAULT_TTL = 3.0
+#: How long ``advance_alarms`` and ``settle`` wait for the fleet to be idle, and how often
+#: they look.
+SETTLE_TIMEOUT_S = 10.0
+SETTLE_POLL_S = 0.01
 
 T = TypeVar("T")
 
@@ -85,13 +90,13 @@ class Fleet:
         self._tmp = tempfile.TemporaryDirectory(prefix="cellactors-fleet-")
         self.data_dir = Path(data_dir) if data_dir is not None else Path(self._tmp.name)
         self._server: Any = None
-        self.bucket = bucket if bucket is not None else self._open_store(store)
         base = settings or NodeSettings()
         self.settings = replace(base, lease_ttl=ttl, debug=True)  # tests see tracebacks
         self.nodes: list[Node] = []
         self._down: dict[str, str] = {}  # node id -> why it takes no calls
         self._advanced_s = 0.0  # how far advance_alarms moved the nodes' runtime clocks
-        try:
+        try:  # on any failure the nodes and the store started so far stop
+            self.bucket = bucket if bucket is not None else self._open_store(store)
             for index in range(nodes):
                 self.nodes.append(self._start(f"node-{index}", index))
         except BaseException:
@@ -102,21 +107,15 @@ class Fleet:
         if store == "memory":
             return MemoryBucket("fleet")
         if store == "seaweedfs":
-            import boto3
-
             from cellactors.persistence.store.embedded import SeaweedServer
             from cellactors.persistence.store.s3 import S3Bucket
 
-            self._server = SeaweedServer(self.data_dir / "seaweedfs").start()
-            keys = self._server.credentials  # made by the store; its S3 accepts no other
-            boto3.client(
-                "s3",
-                endpoint_url=self._server.endpoint,
-                region_name="us-east-1",
-                aws_access_key_id=keys.access_key_id,
-                aws_secret_access_key=keys.secret_access_key,
-            ).create_bucket(Bucket="fleet")
-            return S3Bucket(
+            # Signed with the keys the store made (its S3 accepts no other), never AWS_*
+            # from the environment: works on a machine with no AWS configuration at all.
+            self._server = SeaweedServer(self.data_dir / "seaweedfs")
+            self._server.start()  # stops its process itself when it fails
+            keys = self._server.credentials
+            bucket = S3Bucket(
                 "fleet",
                 "",
                 endpoint=self._server.endpoint,
@@ -124,6 +123,8 @@ class Fleet:
                 access_key=keys.access_key_id,
                 secret_key=keys.secret_access_key,
             )
+            bucket.ensure_exists()
+            return bucket
         raise ValueError(f"store must be 'memory' or 'seaweedfs', not {store!r}")
 
     def _start(self, node_id: str, index: int) -> Node:
@@ -231,17 +232,54 @@ class Fleet:
         if not isinstance(result, Applied):
             raise AssertionError(f"the lease of {node_id} changed while it was being expired")
 
-    def advance_alarms(self, seconds: float) -> None:
+    def advance_alarms(self, seconds: float, timeout: float = SETTLE_TIMEOUT_S) -> None:
         """Move alarm time forward by ``seconds`` on every node: alarms and schedules due by
         then fire now (hosted cells from their node's timer, others from a scan run at once;
-        a recurring schedule runs once, its runs missed meanwhile coalesced). Leases keep
-        the real clock, so no node expires. The fleet's teardown moves the clock back."""
+        a recurring schedule runs once, its runs missed meanwhile coalesced), and this
+        returns once they have run (an :class:`AssertionError` naming what is still pending
+        after ``timeout`` seconds). Leases keep the real clock, so no node expires. The
+        fleet's teardown moves the clock back."""
         for node in self.nodes:
             node.clock.advance(seconds)
         self._advanced_s += seconds
         for node in self.nodes:
             if node.node_id not in self._down:
                 node.alarms.poke()
+        self._wait_idle("advance_alarms", timeout, outboxes=False)
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> None:
+        """Wait until every live node is idle: no alarm due and not yet run, no scan under
+        way, no outbox with a message to deliver (a delivery retrying after a failure
+        counts as pending). An :class:`AssertionError` after ``timeout`` seconds names what
+        is still pending on which node."""
+        self._wait_idle("settle", timeout, outboxes=True)
+
+    def _pending(self, outboxes: bool) -> list[str]:
+        found = []
+        for node in self.nodes:
+            if node.node_id in self._down or node.status != "serving":
+                continue
+            work = list(node.alarms.pending())
+            if outboxes:
+                work += [f"the outbox of {cell_id}" for cell_id in node.outbox.pending()]
+            found += [f"{node.node_id}: {what}" for what in work]
+        return found
+
+    def _wait_idle(self, what: str, timeout: float, *, outboxes: bool) -> None:
+        """Poll until two looks in a row find nothing pending (work may hop between nodes,
+        a delivery waking its target's outbox, between the looks at two nodes)."""
+        deadline = time.monotonic() + timeout
+        quiet = 0
+        while True:
+            pending = self._pending(outboxes)
+            quiet = 0 if pending else quiet + 1
+            if quiet >= 2:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{what}: still pending after {timeout:g}s: {'; '.join(pending)}"
+                )
+            time.sleep(SETTLE_POLL_S)
 
     # --- calls ---------------------------------------------------------------------------
 
@@ -373,6 +411,7 @@ class Fleet:
                 node.stop()
         if self._server is not None:
             self._server.stop()
+            self._server = None
         self._tmp.cleanup()
 
     def __enter__(self) -> Fleet:

@@ -8,14 +8,16 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from cellactors.errors import CallCycle, MethodFailed
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.helpers.alarm_cells import Hop, Inbox
-from tests.helpers.alarms import alarm_node, owner, wakes
+from tests.helpers.alarms import CLASSES, alarm_node, owner, wakes
 from tests.helpers.peers import Peers
 from tests.helpers.runtime import crash, eventually
+from tests.helpers.served import served_node
 
 
 def test_a_call_chain_runs_and_a_cycle_fails_fast(sw_bucket: S3Bucket) -> None:
@@ -24,8 +26,9 @@ def test_a_call_chain_runs_and_a_cycle_fails_fast(sw_bucket: S3Bucket) -> None:
         x = node.cell(Hop, "x")
         assert x.relay(path=["y", "z"], value="v1") == ["x", "y", "z"]
         assert node.cell(Hop, "z").seen() == ["v1"]
-        # x -> y -> x: the inner call to x is refused at once (not after a timeout).
-        assert x.probe_cycle(path=["y", "x"]) == "method_failed:CallCycle"
+        # x -> y -> x: the inner call to x is refused at once (not after a timeout); y lets
+        # the refusal escape, so x sees the same call_cycle, as y ran and rolled back.
+        assert x.probe_cycle(path=["y", "x"]) == "call_cycle/failed"
         assert x.probe_cycle(path=["x"]) == "call_cycle/not_run"  # a cell calling itself
         with pytest.raises(CallCycle) as info:
             node.call("Hop", "x", "seen", {}, chain=("Hop:x", "Hop:y"))
@@ -33,6 +36,22 @@ def test_a_call_chain_runs_and_a_cycle_fails_fast(sw_bucket: S3Bucket) -> None:
         assert "Hop:x -> Hop:y -> Hop:x" in str(info.value)
     finally:
         node.stop()
+
+
+def test_a_cycle_reaches_an_http_caller_as_the_documented_409(sw_bucket: S3Bucket) -> None:
+    """x -> y -> x over HTTP: the refusal escapes y and x, and the caller gets 409
+    ``call_cycle`` (docs/http-api.md), not a 422 ``method_failed`` hiding it."""
+    with served_node(sw_bucket, "n1", classes=CLASSES) as served:
+        resp = httpx.post(f"{served.public}/cells/Hop/x/relay", json={"path": ["y", "x"]})
+        assert resp.status_code == 409, resp.text
+        body = resp.json()
+        assert (body["error"], body["outcome"], body["retryable"]) == (
+            "call_cycle",
+            "failed",
+            False,
+        )
+        assert "Hop:x -> Hop:y -> Hop:x" in body["message"]
+        assert served.node.cell(Hop, "x").seen() == [] == served.node.cell(Hop, "y").seen()
 
 
 def test_the_inner_call_is_not_rolled_back_by_the_outer_one(sw_bucket: S3Bucket) -> None:
@@ -55,7 +74,7 @@ def test_calls_between_cells_on_two_nodes_carry_the_chain(sw_bucket: S3Bucket) -
         assert peers.forwards == 1
         assert owner(sw_bucket, "Hop:y")[0] == "n2"
         # x (n1) -> y (n2) -> x: refused on n1 with the chain y carried over.
-        assert n1.cell(Hop, "x").probe_cycle(path=["y", "x"]) == "method_failed:CallCycle"
+        assert n1.cell(Hop, "x").probe_cycle(path=["y", "x"]) == "call_cycle/failed"
     finally:
         n1.stop()
         n2.stop()

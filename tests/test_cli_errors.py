@@ -106,6 +106,14 @@ def test_dash_h_works_everywhere(command: str, tmp_path: Path) -> None:
     assert "-h, --help" in res.stdout
 
 
+def test_cellactors_alone_prints_its_help_and_exits_0(tmp_path: Path) -> None:
+    res = cli([], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Usage: cellactors")
+    assert all(command in res.stdout for command in COMMANDS)
+    assert "error:" not in res.stderr
+
+
 @pytest.mark.parametrize("command", STORE_COMMANDS)
 def test_store_options_are_the_same_everywhere(command: str) -> None:
     cmd = main.commands[command]

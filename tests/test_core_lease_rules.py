@@ -15,6 +15,7 @@ from cellactors.core.lease_rules import (
     decide_start,
     fence_deadline,
     fence_margin,
+    holder_is_live,
     reconcile,
     renew_interval,
     retry_delay,
@@ -142,3 +143,10 @@ def test_retry_delay_is_capped_exponential_with_jitter(
 )
 def test_clock_excess(bounds: tuple[int, int], bound: int, excess: int | None) -> None:
     assert clock_excess_ms(bounds, bound) == excess
+
+
+def test_a_holder_is_live_once_its_lease_was_written_again() -> None:
+    first = WaitForExpiry("old", NOW + 2_000)
+    assert not holder_is_live(first, WaitForExpiry("old", NOW + 2_000))  # crashed: unchanged
+    assert holder_is_live(first, WaitForExpiry("old", NOW + 2_700))  # renewed
+    assert holder_is_live(first, WaitForExpiry("newer", NOW + 2_000))  # taken by another

@@ -169,3 +169,13 @@ def test_a_store_started_again_gets_a_fresh_master_and_takes_writes_at_once(
         s3.put_object(Bucket="again", Key="k", Body=b"v")
     finally:
         server.stop(grace=0)
+
+
+def test_weed_runs_with_a_lean_garbage_collector_unless_gogc_is_set(
+    seaweed: SeaweedServer,
+) -> None:
+    """Go's collector target for the store is 25 % (docs/performance.md, row 16), or the
+    GOGC of the environment."""
+    assert seaweed.proc is not None
+    environ = Path(f"/proc/{seaweed.proc.pid}/environ").read_bytes().split(b"\0")
+    assert f"GOGC={os.environ.get('GOGC', '25')}".encode() in environ

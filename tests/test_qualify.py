@@ -35,6 +35,7 @@ from cellactors.persistence.store.qualify import (
 from cellactors.persistence.store.s3 import S3Bucket
 from tests.faults.proxy import FaultProxy
 from tests.helpers.s3_fake import FakeS3
+from tests.helpers.stores import new_bucket_name
 
 # Small runs: SeaweedFS makes losers of a race wait, so every round costs about a second.
 WRITERS = 4
@@ -112,6 +113,24 @@ def test_qualify_passes_on_seaweedfs_as_a_real_process(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _last_line(proc.stdout).startswith("QUALIFIED (exit 0)")
     assert _probe_keys(sw_bucket) == []
+
+
+def test_qualify_fails_on_a_bucket_that_does_not_exist(seaweed: SeaweedServer) -> None:
+    missing = S3Bucket(new_bucket_name(), endpoint=seaweed.endpoint, timeout=5.0)
+    assert not missing.exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cellactors.cli", *_qualify_args(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout + proc.stderr
+    assert _last_line(proc.stderr) == (
+        f"error: bucket {missing.spec} does not exist; create it first (or check its name)"
+    )
+    assert "QUALIFIED" not in proc.stdout
+    assert not missing.exists(), "qualify created the bucket it was asked about"
 
 
 def test_contract_holds_on_seaweedfs_and_cleans_up(sw_bucket: S3Bucket) -> None:
@@ -335,8 +354,10 @@ def test_a_missing_bucket_is_exit_2() -> None:
     finally:
         fake.stop()
     assert result.exit_code == EXIT_INCOMPLETE, result.output
-    assert "NoSuchBucket" in _last_line(result.stdout)
-    assert "concurrency hammer: not run; the contract could not complete" in result.stdout
+    assert _last_line(result.stderr) == (
+        "error: bucket s3://no-such-bucket does not exist; create it first (or check its name)"
+    )
+    assert "qualifying" not in result.stdout  # nothing was written or run
 
 
 # --------------------------------------------------------------------------- options

@@ -91,6 +91,34 @@ def test_a_never_owned_cell_activates_without_listing_or_sealing(sw_bucket: S3Bu
         node.stop()
 
 
+def test_a_released_cell_activates_with_five_requests(sw_bucket: S3Bucket) -> None:
+    """What bench row 6 counts: a cell with one write, released, then read on a fresh node
+    costs the claim (the read of own.json and its conditional PUT), the listing, the GET of
+    its one batch (schema and first write ship together) and the seal of the released
+    epoch; the read itself writes nothing."""
+    node = make_node(sw_bucket, "w1")
+    try:
+        node.cell(Counter, "once").increment("x")
+    finally:
+        node.stop()  # releases the cell
+    other = make_node(sw_bucket, "r1")
+    try:
+        before = other.bucket.snapshot()
+        assert other.cell(Counter, "once").get("x") == 1
+        assert delta(other, before) == Tally(
+            {
+                ("get", "own"): 1,
+                ("put_cas", "own"): 1,
+                ("list", "other"): 1,
+                ("get", "batch"): 1,
+                ("put_cas", "seal"): 1,
+            }
+        )
+        assert other.state()["cells"][0]["restored_from"] == "bucket"
+    finally:
+        other.stop()
+
+
 def test_64_concurrent_writes_share_at_most_8_puts(sw_bucket: S3Bucket) -> None:
     # "Concurrent" means all 64 are in flight at once. Released by a barrier alone, the
     # writers can trickle in over many uploads on a loaded machine (a CI run once counted 13
@@ -380,6 +408,23 @@ def test_full_node_places_unowned_cells_on_the_least_loaded_peer(sw_bucket: S3Bu
     finally:
         for n in (a, b, c):
             n.stop()
+
+
+def test_room_counts_active_cells_only(sw_bucket: S3Bucket) -> None:
+    """Placement asks ``has_room`` on every activation of an unowned cell: it answers
+    without a scan while few cells are hosted, and by the active count once many are."""
+    node = make_node(sw_bucket, "room")
+    try:
+        assert node.activations.has_room(1)
+        for name in ("r1", "r2"):
+            node.cell(Counter, name).increment("x")
+        assert node.activations.resident_count() == 2
+        assert not node.activations.has_room(2)
+        assert node.activations.has_room(3)
+        node.activations.put_away("Counter:r1", hibernate=False)
+        assert node.activations.has_room(2)
+    finally:
+        node.stop()
 
 
 def test_a_call_after_the_lease_deadline_fences_instead_of_answering(sw_bucket: S3Bucket) -> None:

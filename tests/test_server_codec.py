@@ -292,3 +292,29 @@ def test_arguments_nest_at_most_max_nesting_levels(encoding: codec.Encoding) -> 
     assert codec.decode_kwargs(codec.encode(fits, encoding), encoding) == fits
     with pytest.raises(BadRequest, match="nest deeper"):
         codec.decode_kwargs(codec.encode(nested(codec.MAX_NESTING + 1), encoding), encoding)
+
+
+@given(st.dictionaries(identifiers, json_values, max_size=5))
+def test_json_bodies_decode_as_json_loads_reads_bytes(kwargs: dict[str, Any]) -> None:
+    """The shared decoder reads bytes as ``json.loads`` does: UTF-8 with or without a BOM,
+    UTF-16 and UTF-32 (told apart by the first bytes)."""
+    text = codec.encode(kwargs, "json").decode()
+    for body in (
+        text.encode("utf-8"),
+        text.encode("utf-8-sig"),
+        text.encode("utf-16"),
+        text.encode("utf-16-le"),
+        text.encode("utf-32"),
+    ):
+        assert codec.decode_kwargs(body, "json") == kwargs
+
+
+def test_concurrent_json_bodies_decode_apart() -> None:
+    """One decoder serves every thread: bodies decoded at once in many threads each come back
+    as themselves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [b'{"k%d": {"nested": [%d, {"x": "%d"}]}}' % (i, i, i) for i in range(400)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda body: codec.decode_kwargs(body, "json"), bodies))
+    assert got == [{f"k{i}": {"nested": [i, {"x": str(i)}]}} for i in range(400)]

@@ -153,6 +153,7 @@ class AlarmDriver:
         )
         self.scans = 0  # scans started (each one LIST, plus one per further page)
         self._scan_now = False
+        self._scanning = False  # a scan runs (its orphans are marked busy before it ends)
         self._departed: list[int] = []  # heap: due times of entries of cells released here
 
     def start(self) -> None:
@@ -226,6 +227,20 @@ class AlarmDriver:
         with self._cond:
             return self._schedule.get(cell_id)
 
+    def pending(self) -> list[str]:
+        """What this node still has to do about alarms due by its clock now: a scan asked
+        for or running, alarms firing or orphans waking, alarms due in the timer heap.
+        Empty when idle (a test fleet waits for that: ``Fleet.advance_alarms``)."""
+        with self._cond:
+            found = []
+            if self._scan_now or self._scanning:
+                found.append("a scan of due wake entries")
+            found += [f"the alarm of {cell_id}" for cell_id in sorted(self._busy)]
+            at = self._schedule.next_at()
+            if at is not None and at <= self.node.clock.now_ms():
+                found.append("an alarm due in the timer heap")
+            return found
+
     # --- the loop -----------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -246,12 +261,17 @@ class AlarmDriver:
                     or (departed_due and now - last_scan >= DEPARTED_SCAN_GAP_S)
                 )
                 if scan:
+                    self._scanning = True
                     while self._departed and self._departed[0] <= now_ms:
                         heapq.heappop(self._departed)
             if scan:
                 next_scan = now + self.interval
                 last_scan = now
-                self._scan()
+                try:
+                    self._scan()
+                finally:
+                    with self._cond:
+                        self._scanning = False
             with self._cond:
                 due = self._schedule.pop_due(self.node.clock.now_ms())
                 for cell_id, _wake in due:

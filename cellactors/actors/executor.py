@@ -35,7 +35,15 @@ from cellactors.actors.sockets import is_refusal
 from cellactors.actors.typed import typed_method
 from cellactors.core import alarms
 from cellactors.core.principal import Principal, scoped_key
-from cellactors.errors import UNKNOWN, BadResult, KeyConflict, MethodFailed, NodeStorageFault
+from cellactors.errors import (
+    FAILED,
+    UNKNOWN,
+    BadResult,
+    CallCycle,
+    KeyConflict,
+    MethodFailed,
+    NodeStorageFault,
+)
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.capture import TxnChanges
 from cellactors.persistence.celldb.database import ReadInterrupted, to_txn
@@ -55,6 +63,15 @@ def user_failure(err: BaseException, what: str) -> MethodFailed:
     failure = MethodFailed(type(err).__name__, str(err), text)
     failure.__cause__ = err
     return failure
+
+
+def escaped_cycle(err: CallCycle) -> CallCycle:
+    """The answer of a method a call cycle's refusal escaped from: the same 409
+    ``call_cycle`` (not a ``method_failed`` hiding it), outcome ``failed``: it ran and
+    was rolled back."""
+    answer = CallCycle(str(err))
+    answer.outcome = FAILED
+    return answer
 
 
 R = TypeVar("R")
@@ -434,6 +451,8 @@ class CellExecutor:
                 outcome.error, outcome.value = fault, None
             elif is_refusal(err):  # the runtime refused a socket event: not the cell's code
                 outcome.error, outcome.value = err, None
+            elif isinstance(err, CallCycle):  # a cycle refused further in: still a 409
+                outcome.error, outcome.value = escaped_cycle(err), None
             else:  # rolled back, reported; the original (with its traceback) as the cause
                 what = f"{self.cell.cell_id}.{call.method if call is not None else 'on_activate'}"
                 outcome.error, outcome.value = user_failure(err, what), None

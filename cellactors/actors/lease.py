@@ -21,9 +21,9 @@ from typing import Any
 
 import pykka
 
-from cellactors.clock import StoreClock, mono, wall_ms
+from cellactors.clock import StoreClock, local_time, mono, wall_ms
 from cellactors.core import lease_rules, store_clock
-from cellactors.errors import BucketError, ClockSkew
+from cellactors.errors import BucketError, ClockSkew, ConfigError
 from cellactors.persistence.control.leases import LeaseStore, NodeLease
 from cellactors.persistence.store.bucket import Applied, CasResult, Guard, Match
 
@@ -158,7 +158,7 @@ class LeaseActor(pykka.ThreadingActor):
         (capped, with jitter) while the store fails. Returns the expiry. Raises
         :class:`ClockSkew` when this machine's clock is off from the store's."""
         started = mono()
-        announced = False
+        first: lease_rules.WaitForExpiry | None = None
         while not self._stopping.is_set():
             if give_up_after is not None and mono() - started > give_up_after:
                 raise BucketError(f"could not take node id {self.store.node} in time")
@@ -169,15 +169,24 @@ class LeaseActor(pykka.ThreadingActor):
                 continue
             decision = lease_rules.decide_start(current, self.generation, self.clock.low_ms())
             if isinstance(decision, lease_rules.WaitForExpiry):
-                if not announced:
+                if first is None:
+                    first = decision
                     log.warning(
-                        "node id %s is held by another live process (generation %s) until "
-                        "%d; waiting for its lease to expire instead of fighting over it",
+                        "node id %s is held by another process (generation %s) whose lease "
+                        "runs until %s, in %.1fs: waiting for it to expire (a crashed "
+                        "process's lease does; a live one's is renewed, and then this start "
+                        "gives up)",
                         self.store.node,
                         decision.holder_generation,
-                        decision.expires_ms,
+                        local_time(decision.expires_ms),
+                        max(0, decision.expires_ms - self.clock.low_ms()) / 1000,
                     )
-                    announced = True
+                elif lease_rules.holder_is_live(first, decision):
+                    raise ConfigError(
+                        f"node id {self.store.node} is in use: the process holding it "
+                        f"(generation {decision.holder_generation}) is alive and renewed its "
+                        "lease; stop it first, or start this one with another --node"
+                    )
                 left_ms = decision.expires_ms - self.clock.low_ms()
                 wait = max(0.05, min(1.0, left_ms / 1000 + 0.05))
                 self._stopping.wait(wait)

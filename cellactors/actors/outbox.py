@@ -121,6 +121,12 @@ class OutboxWorkers:
     def stop(self) -> None:
         self._stop.set()
 
+    def pending(self) -> list[str]:
+        """The sender cells whose outbox a worker is delivering (or retrying); empty when
+        every outbox of this node is idle."""
+        with self._lock:
+            return sorted(self._workers)
+
     def kick(self, cell_id: str) -> None:
         """The cell's outbox may hold deliverable messages: start (or wake) its worker."""
         with self._lock:

@@ -159,7 +159,7 @@ class Replicator(PooledActor):
             return
         flight: Flight | None = self._begin(txns)
         while flight is not None:
-            following = self._follow(flight) if flight.put_landed() else None
+            following = self._follow(flight)
             self._finish(flight)
             if following is None and self.channel.failed is None:
                 more = self.channel.take()  # committed while the batch failed or ended
@@ -168,14 +168,18 @@ class Replicator(PooledActor):
             flight = following
 
     def _follow(self, flight: Flight) -> Flight | None:
-        """While ``flight``'s re-read is out (its PUT landed), send the next batch as soon
-        as anything is committed; None when the re-read ends first."""
+        """While ``flight`` is out, send the next batch as soon as anything is committed and
+        ``flight``'s PUT has landed; None when ``flight`` ends first. (A lone writer's batch
+        costs the replicator one wake-up, as without the pipeline: when its request ends.)"""
         task = flight.task
-        assert task is not None
+        if task is None:
+            return None
         task.add_done_callback(lambda _task: self.channel.nudge())
         while self.channel.failed is None:
             if not self.channel.wait_unshipped(task.done, flight.deadline - time.monotonic()):
-                return None  # the re-read ended (or the deadline passed): prove it first
+                return None  # the batch's requests ended (or the deadline passed): prove it
+            if not flight.put_landed():
+                return None  # its PUT failed or hangs: the next batch waits for its retry
             self._linger()
             more = self.channel.take()
             if more:

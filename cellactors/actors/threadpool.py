@@ -152,3 +152,6 @@ class ElasticPool:
                 task()
             except BaseException:  # a task's own failure never kills the worker
                 log.exception("task of pool %s failed", self.name)
+            # An idle worker holds nothing of its last task: that task's cell (its actor,
+            # its runtime) may have hibernated meanwhile, and must be freed.
+            del task

@@ -19,7 +19,14 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 
 
 class _Group(click.Group):
-    """A group that ends every failure with a single ``error:`` line."""
+    """A group that ends every failure with a single ``error:`` line, and prints its help
+    (exit 0) when called with no arguments: asking what it can do is not a usage error."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
 
     def main(
         self,

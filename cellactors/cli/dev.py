@@ -31,6 +31,7 @@ from cellactors.cli.failures import (
     store_failure,
 )
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
+from cellactors.cli.serve_options import app_option
 from cellactors.cli.store_options import ACCESS_KEY_ENV, SECRET_KEY_ENV, StoreArgs
 from cellactors.errors import CellactorsError
 
@@ -149,9 +150,7 @@ def _stop_nodes(nodes: list[DevNode]) -> bool:
 
 
 @click.command("dev")
-@click.option(
-    "--app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py, as for serve."
-)
+@app_option()
 @click.option(
     "--nodes", "count", default=3, show_default=True, type=click.IntRange(1, 32), help="Nodes."
 )
@@ -202,7 +201,7 @@ def dev(
 ) -> None:
     """Run a local fleet: one embedded store and NODES `cellactors serve` processes sharing
     it on loopback, until Ctrl-C (SIGINT) or SIGTERM stops them all."""
-    from cellactors.cli.app_loader import load_app
+    from cellactors.cli.app_loader import absolute_spec, load_app
     from cellactors.cli.embedded_store import start_embedded_store
     from cellactors.persistence.store.embedded import die_with_parent
 
@@ -214,7 +213,7 @@ def dev(
     ports = _ports(base_port, count)
     _check_ports(ports)
     data_dir = data_dir.resolve()
-    app_arg = str(Path(app).resolve()) if app.endswith(".py") else app
+    app_arg = absolute_spec(app)
     nodes = [
         DevNode(f"node-{i + 1}", pub, intl, data_dir / f"node-{i + 1}.log")
         for i, (pub, intl) in enumerate(ports)

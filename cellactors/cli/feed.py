@@ -16,6 +16,7 @@ from cellactors.cli.failures import EXIT_FAILURE, CommandFailed, store_failure
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.core import keys
 from cellactors.errors import BucketError, CellactorsError, HistoryCollected
+from cellactors.persistence.control.ownership import OwnershipStore
 from cellactors.wire import codec
 
 
@@ -40,7 +41,8 @@ from cellactors.wire import codec
     help="With --follow: how often the bucket is read while nothing new appears.",
 )
 def feed(store: StoreArgs, cell_id: str, after: int, follow: bool, poll_interval: float) -> None:
-    """Print the cell's acknowledged transactions after --after as JSON lines."""
+    """Print the cell's acknowledged transactions after --after as JSON lines; exit 1 when
+    the bucket has no such cell."""
     from cellactors.errors import FeedHole
     from cellactors.persistence.history.feed import changes
 
@@ -50,6 +52,8 @@ def feed(store: StoreArgs, cell_id: str, after: int, follow: bool, poll_interval
         raise CommandFailed(str(err)) from err
     bucket = store.open()
     try:
+        if OwnershipStore(bucket, "feed").read_owner(cell_id) is None:
+            raise CommandFailed(f"no cell {cell_id} in {bucket.spec}", EXIT_FAILURE)
         for change in changes(bucket, cell_id, after, follow=follow, poll_interval=poll_interval):
             line = json.dumps(change.to_wire(), default=_json_default, separators=(",", ":"))
             click.echo(line)

@@ -9,8 +9,18 @@ import json
 import logging
 import sys
 
+from cellactors.clock import local_time
+
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, its time ISO-like in local time with the offset, to the
+    millisecond (``2026-12-03 21:12:37.334+00:00``)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return local_time(int(record.created * 1000))
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,7 +50,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     if log_format.lower() == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -8,11 +8,12 @@ import json
 import click
 
 from cellactors.cli.app_loader import load_app
+from cellactors.cli.serve_options import app_option
 from cellactors.server.openapi import build_openapi
 
 
 @click.command("openapi")
-@click.option("--app", "app", required=True, help="module (pkg.mod) or file (app.py) of cells")
+@app_option()
 @click.option(
     "--bearer",
     is_flag=True,

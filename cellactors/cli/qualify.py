@@ -13,10 +13,10 @@ import sys
 
 import click
 
-from cellactors.cli.failures import store_failure
+from cellactors.cli.failures import EXIT_CONFIG, CommandFailed, store_failure
 from cellactors.cli.qualify_verdict import verdict
 from cellactors.cli.store_options import StoreArgs, store_options
-from cellactors.errors import StoreCredentialsError, StoreUnreachable
+from cellactors.errors import CellactorsError, StoreCredentialsError, StoreUnreachable
 from cellactors.persistence.store.bucket import Bucket
 from cellactors.persistence.store.qualify import (
     HammerReport,
@@ -55,10 +55,16 @@ def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
     pages; gone from the next one after its DELETE), then (s3:// only) a concurrency hammer
     in which WRITERS threads race one conditional PUT per round; every round must have
     exactly one winner. Probe objects live under probe/<run id>/ and are deleted afterwards.
+    A bucket that does not exist fails first (exit 2): some stores would create it.
     """
     bucket = store.open()
     is_gcs = bucket.spec.startswith("gs://")
     run_id = new_run_id()
+    try:
+        _require_bucket(bucket, store.bucket)
+    except BaseException:
+        bucket.close()
+        raise
     click.echo(f"qualifying {bucket.spec} (probe keys under {probe_root(run_id)})")
     try:
         contract = run_contract(bucket, run_id)
@@ -88,6 +94,20 @@ def qualify(store: StoreArgs, writers: int, rounds: int) -> None:
         click.echo(f"  {line}")
     click.echo(result.line)
     sys.exit(result.code)
+
+
+def _require_bucket(bucket: Bucket, spec: str | None) -> None:
+    """Fail (exit 2) unless the bucket exists: SeaweedFS creates a bucket on its first PUT,
+    so a mistyped name would otherwise be qualified, and then used, as a fresh bucket."""
+    try:
+        found = bucket.exists()
+    except CellactorsError as err:
+        raise store_failure(err, spec) from err
+    if not found:
+        raise CommandFailed(
+            f"bucket {bucket.spec} does not exist; create it first (or check its name)",
+            EXIT_CONFIG,
+        )
 
 
 def _hammer_with_progress(bucket: Bucket, writers: int, rounds: int, run_id: str) -> HammerReport:

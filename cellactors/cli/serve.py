@@ -50,7 +50,7 @@ from cellactors.cli.listeners import (
     reserve_listeners,
 )
 from cellactors.cli.log_format import LOG_FORMATS, setup_logging
-from cellactors.cli.serve_options import DURATION, env_option, wire_options
+from cellactors.cli.serve_options import DURATION, app_option, env_option, envvar, wire_options
 from cellactors.cli.store_options import StoreArgs, store_options
 from cellactors.errors import CellactorsError, ConfigError
 from cellactors.persistence.files import private_dir
@@ -82,7 +82,7 @@ def _startup_signals() -> Iterator[None]:
 
 
 @click.command("serve")
-@env_option("--app", "app", required=True, metavar="MODULE", help="pkg.mod or path/to/app.py")
+@app_option(envvar=envvar("app"), show_envvar=True)
 @store_options(
     required=False,
     bucket_help="s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]; without it an embedded "
@@ -375,6 +375,8 @@ def _run(
     """Open the store, qualify it, take the lease and serve; the exit code. ``wire`` holds
     the :class:`ServerSettings` of the limits on the wire (body size included)."""
     from cellactors.actors.node import Node
+    from cellactors.cli.data_dir_lock import hold_data_dir
+    from cellactors.cli.welcome import announce
     from cellactors.persistence.control.peer_auth import ensure_peer_key
     from cellactors.persistence.store.embedded import SeaweedServer
     from cellactors.server.app import ServerSettings
@@ -387,6 +389,7 @@ def _run(
     code: int = EXIT_OK
     try:
         with _startup_signals():
+            hold_data_dir(data_dir)  # first: a second serve names the first one's pid
             held = reserve_listeners(listeners)
             if store.bucket is None:
                 embedded, bucket = _start_embedded(store, data_dir)
@@ -422,6 +425,7 @@ def _run(
             settings=server_settings,
             fence=latch,
             sockets=held,
+            on_ready=announce(classes, embedded),
         )
     except ListenerUnavailable as err:
         click.echo(f"error: {err}", err=True)

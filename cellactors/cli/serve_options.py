@@ -51,6 +51,40 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
 DURATION = Duration()
 
 
+class AppSpec(click.ParamType):  # type: ignore[type-arg]
+    """One ``--app`` value: a module, file or package, or a comma list of them. The option
+    is repeatable; its environment variable is a comma list (paths may hold spaces)."""
+
+    name = "module"
+    envvar_list_splitter = ","
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return str(value)
+
+
+APP_SPEC = AppSpec()
+APP_HELP = (
+    "The app: pkg.mod, path/to/app.py, or a package (pkg, or a directory with __init__.py; "
+    "every submodule is imported). Repeat it, or give a comma list, for several."
+)
+
+
+def app_option(**kwargs: Any) -> Callable[[F], F]:
+    """The repeatable ``--app`` option; the command receives one comma list as ``app``."""
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapped(*args: Any, app: tuple[str, ...], **rest: Any) -> Any:
+            return command(*args, app=",".join(app), **rest)
+
+        option = click.option(
+            "--app", "app", required=True, multiple=True, type=APP_SPEC, help=APP_HELP, **kwargs
+        )
+        return option(wrapped)  # type: ignore[return-value]
+
+    return decorate
+
+
 def env_option(flag: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
     """A click option whose environment variable is ``CELLACTORS_<FLAG>``."""
     kwargs.setdefault("envvar", envvar(flag.lstrip("-")))

@@ -36,9 +36,9 @@ class RowChange:
 class Change:
     """One acknowledged transaction of a cell, as the feed returns it.
 
-    A transaction that changed the schema shipped a whole-database image instead of rows:
-    ``schema_change`` is True and ``rows`` is empty (restore the cell at that txid to see
-    the database, ``cellactors restore --at-txid``)."""
+    A transaction that changed the schema shipped a whole-database image: ``schema_change``
+    is True, and ``rows`` holds the rows of the tables it created or left unchanged (restore
+    the cell at that txid to see the rest, ``cellactors restore --at-txid``)."""
 
     txid: int
     epoch: int

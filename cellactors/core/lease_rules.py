@@ -41,6 +41,13 @@ def decide_start(current: LeaseSnapshot | None, generation: str, now_ms: int) ->
     return WaitForExpiry(lease.generation, lease.expires_ms)
 
 
+def holder_is_live(first: WaitForExpiry, now: WaitForExpiry) -> bool:
+    """Whether the lease seen while waiting proves its holder alive: it was written again
+    (renewed, or taken by yet another process) since the first look. A crashed holder's
+    lease never changes: only then is waiting for its expiry worth it."""
+    return now != first
+
+
 def renew_interval(ttl_s: float) -> float:
     return ttl_s / 3.0
 

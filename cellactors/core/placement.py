@@ -22,7 +22,8 @@ def roomy_peer(peers: Iterable[NodeLease], max_resident: int) -> Remote | None:
     return Remote(best.node, best.addr, best.generation)
 
 
-def needs_peer(forwarded: bool, resident: int, max_resident: int) -> bool:
+def needs_peer(forwarded: bool, full: bool) -> bool:
     """Whether a healthy node should look for a peer instead of taking the cell: only when
-    it is full, and never for a call a peer forwarded here (never a third hop)."""
-    return not forwarded and resident >= max_resident
+    it is full (as many active cells as it may hold), and never for a call a peer forwarded
+    here (never a third hop)."""
+    return not forwarded and full

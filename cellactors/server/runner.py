@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import uvicorn
 
 from cellactors.core.sockets import CLOSE_GOING_AWAY
+from cellactors.server import listener_logs
 from cellactors.server.app import (
     NodeLike,
     ServerSettings,
@@ -104,9 +105,11 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def _serve_one(server: _Server, sock: socket.socket | None) -> int:
+async def _serve_one(server: _Server, sock: socket.socket | None, which: str) -> int:
     """Serve until told to exit, on ``sock`` if given (bound already), else on the
-    config's address; uvicorn exits the process on bind failure, catch that."""
+    config's address; uvicorn exits the process on bind failure, catch that. ``which``
+    listener it is names uvicorn's lines (:mod:`cellactors.server.listener_logs`)."""
+    listener_logs.LISTENER.set(which)  # this task's own context
     try:
         await server.serve(sockets=None if sock is None else [sock])
     except SystemExit as e:
@@ -129,8 +132,12 @@ class Runner:
         fence_stream: TextIO | None = None,
         access_log: bool = False,
         sockets: Mapping[str, socket.socket] | None = None,
+        on_ready: Callable[[tuple[str, int], tuple[str, int]], None] | None = None,
     ) -> None:
+        listener_logs.install()
         self.node = node
+        #: Called with the bound (public, internal) addresses once both listeners serve.
+        self.on_ready = on_ready
         self.settings = settings or ServerSettings()
         check_exposure(self.settings.authentication, public[0], self.settings.allow_anonymous)
         self.fence = fence or FenceLatch()
@@ -263,7 +270,7 @@ class Runner:
                 for server in self._servers:
                     server.force_exit = True
         tasks = [
-            asyncio.create_task(_serve_one(server, self._sockets.get(which)))
+            asyncio.create_task(_serve_one(server, self._sockets.get(which), which))
             for which, server in zip(self._binds, self._servers, strict=True)
         ]
         sweeps = [
@@ -289,10 +296,12 @@ class Runner:
         log.info(
             "node %s serving: public %s, internal %s",
             self.node.node_id,
-            self.public_address,
-            self.internal_address,
+            url(self.public_address),
+            url(self.internal_address),
         )
         self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready(self.public_address, self.internal_address)
 
         code = await self._wait_for_stop(tasks)
         if code == RunEnd.OK:
@@ -364,6 +373,12 @@ def wire_limits(settings: ServerSettings) -> WireLimits:
     )
 
 
+def url(address: tuple[str, int]) -> str:
+    """``http://host:port`` for a bound address (an IPv6 host in brackets)."""
+    host, port = address[0], address[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _bound_address(server: uvicorn.Server) -> tuple[str, int]:
     sock = server.servers[0].sockets[0]
     host, port = sock.getsockname()[:2]
@@ -380,6 +395,7 @@ def serve_node(
     fence: FenceLatch | None = None,
     install_signals: bool = True,
     sockets: Mapping[str, socket.socket] | None = None,
+    on_ready: Callable[[tuple[str, int], tuple[str, int]], None] | None = None,
 ) -> int:
     """Serve ``node`` until SIGTERM (drain, exit 0) or self-fence (exit 3); the exit code.
 
@@ -394,5 +410,6 @@ def serve_node(
         settings=settings,
         fence=fence,
         sockets=sockets,
+        on_ready=on_ready,
     )
     return runner.run(install_signals=install_signals)

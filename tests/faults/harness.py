@@ -25,8 +25,11 @@ from tests.faults.proxy import FaultProxy, Request
 from tests.helpers.fleet import Fleet, NodeProc, wait_for, write_app
 from tests.helpers.stores import make_s3_bucket
 
-# The runtime's logging format: "%(asctime)s %(levelname)s %(name)s: %(message)s".
-_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+) ([\w.]+): (.*)$")
+# The runtime's logging format: "%(asctime)s %(levelname)s %(name)s: %(message)s", its time
+# local with the offset (cellactors.clock.local_time).
+_LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d) ([A-Z]+) ([\w.]+): (.*)$"
+)
 FENCE_MARK = "SELF-FENCE:"
 
 
@@ -36,7 +39,7 @@ def log_time(line: str) -> float | None:
     match = _LOG_LINE.match(line)
     if match is None:
         return None
-    return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return datetime.fromisoformat(match.group(1)).timestamp()
 
 
 def is_log_line(line: str) -> bool:

@@ -17,7 +17,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.host import CellHost
 from cellactors.actors.messages import ask_method
 from cellactors.actors.metrics import NodeMetrics
+from cellactors.actors.node.held import Dormant, Stores
 from cellactors.actors.node.listener import ActivationListener
 from cellactors.actors.node.placement import Placement
 from cellactors.actors.node.routes import RouteCache
@@ -49,30 +49,10 @@ from cellactors.errors import (
     StaleRoute,
 )
 from cellactors.persistence.celldb.database import remove_db_files
-from cellactors.persistence.control.leases import LeaseStore
-from cellactors.persistence.control.ownership import OwnershipStore
-from cellactors.persistence.store.bucket import Applied, Bucket
+from cellactors.persistence.store.bucket import Applied
 from cellactors.tracing import spans
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Dormant:
-    """A hibernated cell: ``own.json`` still names this node at ``copy.epoch`` and
-    ``copy.path`` is the file it closed; ``last_used`` is when it was last called."""
-
-    copy: LocalCopy
-    last_used: float
-
-
-@dataclass(frozen=True)
-class Stores:
-    """The bucket and the control-record stores the catalogue's activations use."""
-
-    gate: Bucket
-    ownership: OwnershipStore
-    leases: LeaseStore
 
 
 class Activations:
@@ -147,6 +127,15 @@ class Activations:
         with self.lock:
             return sum(1 for h in self._hosts.values() if h.active is not None)
 
+    def has_room(self, limit: int) -> bool:
+        """Whether fewer than ``limit`` cells are active. Asked on every activation of an
+        unowned cell: while fewer than ``limit`` are hosted at all (activating included) it
+        answers without scanning the catalogue, so the lock every call takes stays short."""
+        with self.lock:
+            if len(self._hosts) < limit:
+                return True
+            return sum(1 for h in self._hosts.values() if h.active is not None) < limit
+
     def dormant_count(self) -> int:
         with self.lock:
             return len(self._dormant)
@@ -171,6 +160,7 @@ class Activations:
         route) or the activation's error (``CellVacant`` for a cell never created, with
         ``vacant_ok``: it stays uncreated; without, a read's such try is waited out)."""
         inline = False
+        thread: threading.Thread | None = None
         with self.lock:
             status = self._status()
             if status is not NodeStatus.SERVING:
@@ -187,7 +177,9 @@ class Activations:
                 inline = cell_id in self._dormant
                 if not inline:  # the caller's trace context goes along (it is a thread's)
                     run = functools.partial(self._run, host, forwarded, vacant_ok, spans.current())
-                    threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}").start()
+                    thread = threading.Thread(target=run, daemon=True, name=f"activate-{cell_id}")
+        if thread is not None:  # started outside the lock: a start waits for the new thread
+            thread.start()
         if inline:
             self._run(host, forwarded, False, None)  # in this thread: its context
         try:

@@ -3,24 +3,38 @@
 Every interval it trims the SQLite caches of cells idle past
 :data:`~cellactors.actors.node.settings.TRIM_AFTER_S` (once per idle period), hibernates
 cells idle past ``hibernate_timeout`` (still owned, nothing running), and releases cells
-idle past ``idle_timeout``, resident or hibernated. While the node's storage is degraded
-it also lets the storage probe run when due. It stops when the node stops serving.
+idle past ``idle_timeout``, resident or hibernated. After a round that trimmed or put cells
+away, and the round after it (their actors stop a moment later), it hands the freed heap
+back to the system (:mod:`.heap`), after a full garbage collection when cells were put away
+(their actors' reference cycles): otherwise a node's RSS stays where its busiest moment
+left it. While the node's storage is degraded it also lets the storage probe run when due.
+It stops when the node stops serving.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
 
 from cellactors.actors.node.activations import Activations
+from cellactors.actors.node.heap import release_free_heap
 from cellactors.actors.node.settings import TRIM_AFTER_S, NodeSettings
 from cellactors.actors.node.status import NodeStatus
 from cellactors.actors.ownership import Active
 from cellactors.actors.storage import StorageHealth
 
 log = logging.getLogger(__name__)
+
+#: Rounds that hand freed heap back once cells were trimmed or put away: this one and the
+#: next.
+TRIM_ROUNDS = 2
+#: Seconds between two full garbage collections before handing heap back: a put-away
+#: cell's actors, threads and futures refer to each other, and Python frees such cycles
+#: only in a full collection, which on its own runs rarely on a big heap.
+COLLECT_EVERY_S = 10.0
 
 
 class Collector:
@@ -40,6 +54,11 @@ class Collector:
         self._status = status
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reaper-{node_id}", daemon=True)
+        #: Rounds that still hand freed heap back (set when a round trims or puts cells away).
+        self._trims_due = 0
+        self.heap_trims = 0  # times it did (tests count them)
+        self._collected_at = float("-inf")
+        self._uncollected = False  # cells were put away since the last full collection
 
     def start(self) -> None:
         self._thread.start()
@@ -73,11 +92,13 @@ class Collector:
         expired = [
             cid for cid, used in self.activations.dormant_since() if now - used > release_after
         ]
+        shrunk = False
         for active in trim:
             rt = active.runtime
             used = rt.last_used
             if rt.trim_if_idle is not None and rt.trim_if_idle():
                 rt.trimmed_for = used
+                shrunk = True
         for cid, idle_for in idle:
             if self._status() is not NodeStatus.SERVING:
                 return False
@@ -89,4 +110,23 @@ class Collector:
             if self._status() is not NodeStatus.SERVING:
                 return False
             self.activations.release_dormant(cid)
+        put_away = bool(idle or expired)
+        if put_away or shrunk:
+            self._trims_due = TRIM_ROUNDS
+        self._uncollected = self._uncollected or put_away
+        if self._trims_due:
+            self._trims_due -= 1
+            self._release_heap(now, settled=not put_away)
         return True
+
+    def _release_heap(self, now: float, settled: bool) -> None:
+        """Free the garbage cycles put-away cells left (at most every
+        :data:`COLLECT_EVERY_S` while cells keep being put away, and once more in the first
+        round that puts none away; none for cells only trimmed), then hand the allocator's
+        free pages back."""
+        if self._uncollected and (settled or now - self._collected_at >= COLLECT_EVERY_S):
+            self._collected_at = now
+            self._uncollected = False
+            gc.collect()
+        if release_free_heap():
+            self.heap_trims += 1

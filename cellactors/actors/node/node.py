@@ -46,7 +46,7 @@ from cellactors.actors.outbox import OutboxWorkers
 from cellactors.actors.ownership import Active
 from cellactors.actors.pools import NodePools
 from cellactors.actors.storage import StorageHealth
-from cellactors.clock import RuntimeClock
+from cellactors.clock import RuntimeClock, local_time
 from cellactors.core import keys
 from cellactors.core.changes import Change
 from cellactors.core.principal import Principal
@@ -153,7 +153,7 @@ class Node:
                 self.settings,
                 self.storage,
                 self.leases,
-                lambda: self.activations.resident_count(),
+                lambda limit: self.activations.has_room(limit),
             ),
             services=self,
             pools=self.pools,
@@ -179,10 +179,10 @@ class Node:
         """Take the node lease (waiting while another live process holds the identity)."""
         expires = self.lease.proxy().take(give_up_after).get()
         log.info(
-            "node %s (generation %s) holds its lease until %d",
+            "node %s (generation %s) holds its lease until %s",
             self.node_id,
             self.generation,
-            expires,
+            local_time(expires),
         )
         # This process holds the identity now; local copies of an earlier process of this
         # node cannot be proven current (nothing in memory vouches for them): drop them.

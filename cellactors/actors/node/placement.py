@@ -24,13 +24,13 @@ class Placement:
         settings: NodeSettings,
         storage: StorageHealth,
         leases: LeaseStore,
-        resident: Callable[[], int],
+        has_room: Callable[[int], bool],
     ) -> None:
         self.node_id = node_id
         self.settings = settings
         self.storage = storage
         self.leases = leases
-        self.resident = resident
+        self.has_room = has_room  # fewer active cells than the limit given?
 
     def place(self, forwarded: bool = False) -> acquire.Remote | None:
         """Placement of an unowned cell: here while there is room, else the least-loaded
@@ -49,7 +49,8 @@ class Placement:
                     f"failing ({self.storage.reason}); the call did not run"
                 )
             return peer
-        if not placement.needs_peer(forwarded, self.resident(), limit):
+        full = not forwarded and not self.has_room(limit)  # no count asked when forwarded
+        if not placement.needs_peer(forwarded, full):
             return None
         return self._roomy_peer(limit)
 

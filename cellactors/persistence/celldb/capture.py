@@ -10,7 +10,8 @@ at commit becomes an ``INSERT OR REPLACE`` of the whole row, a key whose row is 
 ``DELETE``.
 
 A transaction that changes the schema (``PRAGMA schema_version`` moved) ships a whole-database
-image instead of rows; the caller takes it after commit with :func:`database_image`.
+image, which replay loads instead of rows; the caller takes it after commit with
+:func:`database_image`. Its rows ship beside it for the change feed alone.
 """
 
 from __future__ import annotations
@@ -168,11 +169,19 @@ def _row_query(shape: TableShape) -> str:
 
 
 def collect(
-    conn: sqlite3.Connection, shapes: dict[str, TableShape], schema_changed: bool
+    conn: sqlite3.Connection,
+    shapes: dict[str, TableShape],
+    schema_changed: bool,
+    previous: dict[str, TableShape] | None = None,
 ) -> TxnChanges:
     """Turn the keys recorded in this transaction into final row images; clears the log.
 
-    Must run inside the transaction, just before COMMIT.
+    Must run inside the transaction, just before COMMIT. ``shapes`` are the tables now,
+    ``previous`` those before the transaction (the same when omitted). A transaction that
+    changed the schema ships an image for replay, but its rows still go to the change feed:
+    the rows it touched of every table it left unchanged, and every row of every table it
+    created (no trigger watched those: all of their rows are new). A table it altered shows
+    no rows; the image has them.
     """
     result = TxnChanges(schema_changed=schema_changed)
     keys = conn.execute(
@@ -180,15 +189,30 @@ def collect(
         f"GROUP BY tbl, {', '.join(_KEY_COLS)} ORDER BY MIN(seq)"
     ).fetchall()
     conn.execute(f"DELETE FROM {CHANGES_TABLE}")
-    if schema_changed:
-        return result  # the caller ships a database image instead
+    before = shapes if previous is None else previous
     for tbl, *raw_key in keys:
-        shape = shapes[tbl]
+        shape = shapes.get(tbl)
+        if shape is None or before.get(tbl) != shape:
+            continue  # dropped or altered in this transaction: only the image has it
         key = list(raw_key[: len(shape.key_cols)])
         row = conn.execute(_row_query(shape), key).fetchone()
         result.columns.setdefault(tbl, list(shape.columns))
         result.rows.append((tbl, key, list(row) if row is not None else None))
+    for name, shape in shapes.items():
+        if name not in before:
+            _collect_new_table(conn, shape, result)
     return result
+
+
+def _collect_new_table(conn: sqlite3.Connection, shape: TableShape, into: TxnChanges) -> None:
+    """Every row of a table created in this transaction, in key order."""
+    keys = ", ".join(quote(k) for k in shape.key_cols)
+    columns = ", ".join(quote(c) for c in shape.columns)
+    width = len(shape.key_cols)
+    query = f"SELECT {keys}, {columns} FROM main.{quote(shape.name)} ORDER BY {keys}"
+    for row in conn.execute(query):
+        into.columns.setdefault(shape.name, list(shape.columns))
+        into.rows.append((shape.name, list(row[:width]), list(row[width:])))
 
 
 def apply_rows(

@@ -294,9 +294,10 @@ class CellDatabase:
                 on_write(result)
                 version = capture.schema_version(conn)  # the runtime may create its tables
             changed = version != self.schema
+            previous = self.shapes
             if changed:
                 self.shapes = capture.install(conn)  # raises for unsupported tables
-            changes = capture.collect(conn, self.shapes, changed or header_changed)
+            changes = capture.collect(conn, self.shapes, changed or header_changed, previous)
             if sequence != self.sequence:
                 changes.sequence = sequence
             stage = "commit"
@@ -452,9 +453,9 @@ def to_txn(txid: int, changes: capture.TxnChanges, image: bytes | None, ts_ms: i
     """Build the replicated form of a committed transaction."""
     return Txn(
         txid=txid,
-        rows=[] if image is not None else changes.rows,
-        columns={} if image is not None else changes.columns,
-        sequence=None if image is not None else changes.sequence,
+        rows=changes.rows,  # with an image, for the change feed only (replay loads the image)
+        columns=changes.columns,
+        sequence=changes.sequence,
         image=image,
         ts_ms=ts_ms,
     )

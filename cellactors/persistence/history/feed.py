@@ -47,8 +47,6 @@ DEFAULT_POLL_INTERVAL = 0.25
 
 def to_change(epoch: int, txn: Txn) -> Change:
     """A replicated transaction as a feed record."""
-    if txn.image is not None:
-        return Change(txn.txid, epoch, txn.ts_ms, (), schema_change=True)
     rows = tuple(
         RowChange(
             table,
@@ -57,7 +55,14 @@ def to_change(epoch: int, txn: Txn) -> Change:
         )
         for table, key, row in txn.rows
     )
-    return Change(txn.txid, epoch, txn.ts_ms, rows, sequence=txn.sequence)
+    return Change(
+        txn.txid,
+        epoch,
+        txn.ts_ms,
+        rows,
+        schema_change=txn.image is not None,
+        sequence=txn.sequence,
+    )
 
 
 @dataclass

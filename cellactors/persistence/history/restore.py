@@ -77,7 +77,15 @@ def fetch_bodies(
     yield each body, or None for an object that is gone, in order. A store error is raised
     as it is, where its key comes: it says nothing about the object. Reads queued for a
     reader that stops early (or fails) are cancelled when the generator closes, so close it
-    (``contextlib.closing``): only those already under way still run."""
+    (``contextlib.closing``): only those already under way still run.
+
+    A single key is read in the reader's own thread: there is nothing to overlap, and a
+    hand-off to the pool and back costs two thread switches (a released cell's restore
+    reads one batch)."""
+    if len(keys_in_order) == 1:
+        obj = bucket.get(keys_in_order[0])
+        yield obj.body if obj is not None else None
+        return
     pending: collections.deque[concurrent.futures.Future[StoredObject | None]]
     pending = collections.deque()
     upcoming = iter(keys_in_order)

@@ -153,5 +153,11 @@ class Bucket(abc.ABC):
     def delete(self, key: str) -> None:
         """Delete an object; deleting a missing key is not an error."""
 
+    def exists(self) -> bool:
+        """Whether the bucket itself exists. Some stores (SeaweedFS) create a bucket on its
+        first PUT, so ``cellactors qualify`` asks before writing anything. This generic
+        version (a bucket held in memory) always exists."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release network resources (optional)."""

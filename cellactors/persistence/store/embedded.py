@@ -95,6 +95,12 @@ _NO_ENTRY = b"no entry is found"
 # Settings in the environment that ``weed`` would take over its configuration (an S3 identity
 # of its own, a JWT key): the store is set up by its files alone.
 _FOREIGN_ENV = ("AWS_", "WEED_")
+# Go's garbage collector target for ``weed``: the heap may grow 25 % over what is live
+# between collections, not 100 % (Go's default). Each object written leaves garbage (request
+# buffers, metadata events) that, at 100 %, kept about 100 KiB of RSS per cell touched once
+# for minutes; at 25 %, about 28 KiB (docs/performance.md, row 16). A GOGC in the
+# environment wins.
+_GO_GC_PERCENT = "25"
 # The boot of the machine in which the volume indexes were last rebuilt or known whole.
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _INDEXED_BOOT = "indexed-boot"
@@ -247,8 +253,8 @@ class SeaweedServer:
         _, self._credentials = prepare_keys(self.data_dir, self._given_credentials)
         self._choose_filer_store()
         self._rebuild_indexes_after_reboot()
-        self._start_process(timeout)
-        try:
+        try:  # whatever fails (an interrupt too), no ``weed`` is left running
+            self._start_process(timeout)
             if self._syncs_uploads() != self.sync:
                 self._set_fsync_rule()
                 self.stop(grace=0)  # nothing to lose: the rule is in the (synced) store
@@ -436,7 +442,7 @@ class SeaweedServer:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=self.data_dir,  # weed reads ./filer.toml first
-                env=_weed_env(),
+                env={"GOGC": _GO_GC_PERCENT, **_weed_env()},
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )

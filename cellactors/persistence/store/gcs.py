@@ -364,6 +364,13 @@ class GcsBucket(Bucket):
         except _FAILURES as err:
             raise failure(f"DELETE {key}", err) from err
 
+    def exists(self) -> bool:
+        """Whether the bucket itself exists (a bucket lookup)."""
+        try:
+            return self._client.lookup_bucket(self.bucket, timeout=self.timeout) is not None
+        except _FAILURES as err:
+            raise failure(f"looking up bucket {self.bucket}", err) from err
+
     def ensure_exists(self) -> None:
         """Create the bucket if it is missing (embedded stores and tests)."""
         try:

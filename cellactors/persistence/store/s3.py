@@ -40,6 +40,7 @@ from cellactors.persistence.store.s3_direct import DirectS3, ListPage, Unanswere
 
 _REJECT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_OWNED = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}  # create_bucket lost a race
 # Answers by which a store refuses a request as such, before acting on it: a conditional
 # PUT answered so was not applied. Every other answer but a success or a rejection may come
 # after the write was applied (a proxy's timeout, a throttle, a 5xx): ambiguous.
@@ -477,18 +478,23 @@ class S3Bucket(Bucket):
         except botocore.exceptions.BotoCoreError as err:
             raise failure(f"DELETE {key}", err) from err
 
-    def ensure_exists(self) -> None:
-        """Create the bucket if it is missing (embedded stores and tests)."""
+    def exists(self) -> bool:
+        """A HEAD bucket: False on a 404, raises on any other failure."""
         try:
             self._plain.head_bucket(Bucket=self.bucket)
-        except botocore.exceptions.ClientError:
-            try:
-                self._plain.create_bucket(Bucket=self.bucket)
-            except botocore.exceptions.ClientError as err:
-                _, code = _status(err)
-                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                    raise failure(f"creating bucket {self.bucket}", err) from err
-            except botocore.exceptions.BotoCoreError as err:
-                raise failure(f"creating bucket {self.bucket}", err) from err
-        except botocore.exceptions.BotoCoreError as err:
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+            if isinstance(err, botocore.exceptions.ClientError) and _status(err)[0] == 404:
+                return False
             raise failure(f"HEAD bucket {self.bucket}", err) from err
+        return True
+
+    def ensure_exists(self) -> None:
+        """Create the bucket if it is missing (embedded stores and tests)."""
+        if self.exists():
+            return
+        try:
+            self._plain.create_bucket(Bucket=self.bucket)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+            owned = isinstance(err, botocore.exceptions.ClientError) and _status(err)[1] in _OWNED
+            if not owned:
+                raise failure(f"creating bucket {self.bucket}", err) from err
