@@ -104,7 +104,7 @@ class Inspector:
         if auth.open:
             raise Forbidden(
                 "the cell view needs an authenticated admin: this node has no authentication "
-                "scheme (--api-keys or --jwt)"
+                "scheme (--api-keys or --jwt-key)"
             )
         admit_role(auth, ADMIN_ROLE, request.headers, "inspect cells")
 
