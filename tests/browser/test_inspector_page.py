@@ -76,6 +76,15 @@ def chart_points(driver: WebDriver, chart: str, field: str) -> int:
     return int(path.get_attribute("data-points") or 0) if d.startswith("M") else 0
 
 
+def click_first(driver: WebDriver, selector: str) -> bool:
+    """Click the first element ``selector`` finds, if any (the table is redrawn every
+    refresh: a stale row is retried by the wait)."""
+    found = driver.find_elements(By.CSS_SELECTOR, selector)
+    if found:
+        found[0].click()
+    return bool(found)
+
+
 def look(driver: WebDriver, cls: str, name: str, token: str) -> None:
     for field, value in (("inspect-class", cls), ("inspect-name", name), ("inspect-token", token)):
         box = driver.find_element(By.ID, field)
@@ -121,6 +130,12 @@ def test_charts_draw_and_the_cell_view_shows_a_written_row(
         cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#inspect-rows td")]
         assert cells[:4] == ["visible-row", "7", "second-row", "1"]
         shown(browser, lambda d: "second-row" in d.find_element(By.ID, "inspect-changes").text)
+
+        # A click on a resident cell's row opens it (the key typed before is kept).
+        shown(browser, lambda d: click_first(d, '#cells-body tr[data-cell="Counter:load-1"]'))
+        shown(browser, lambda d: "Counter:load-1" in d.find_element(By.ID, "inspect-result").text)
+        shown(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#inspect-rows td"))
+        assert browser.find_element(By.CSS_SELECTOR, "#inspect-rows td").text == "n"
     finally:
         stop.set()
         loader.join(timeout=30)

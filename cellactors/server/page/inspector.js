@@ -304,6 +304,18 @@
       view.offset = 0;
       if (view.cls && view.name) loadCell();
     });
+    // A click on a resident cell's row looks into that cell (its id is "Class:name").
+    byId("cells-body").addEventListener("click", (event) => {
+      const row = event.target.closest("tr[data-cell]");
+      if (!row) return;
+      const id = row.dataset.cell;
+      const colon = id.indexOf(":");
+      if (colon < 0) return;
+      byId("inspect-class").value = id.slice(0, colon);
+      byId("inspect-name").value = id.slice(colon + 1);
+      byId("inspect-form").requestSubmit();
+      byId("inspect-title").scrollIntoView();
+    });
     chartLoop();
   }
 
