@@ -247,7 +247,7 @@ def test_serve_accepts_the_container_args_and_environment(
     data = configmap("cellactors-config")
     assert params["node_id"] == SAMPLE_DOWNWARD["POD_NAME"]
     assert params["bucket"] == data["CELLACTORS_BUCKET"]
-    assert params["app"] == data["CELLACTORS_APP"]
+    assert params["app"] == tuple(data["CELLACTORS_APP"].split(","))  # --app repeats
     assert params["lease_ttl"] == float(data["CELLACTORS_LEASE_TTL"])
     assert params["access_key_id"] == SAMPLE_SECRET
     assert params["secret_access_key"] == SAMPLE_SECRET

@@ -1,7 +1,8 @@
 """The fleet page of the internal listener: static files shipped in ``cellactors/server/page/``.
 
-``GET /`` is ``index.html``; ``GET /page/<file>`` serves the script and style sheet. The
-page itself polls ``/fleet``, ``/state`` and ``/metrics`` of the node that served it. A
+``GET /`` is ``index.html``; ``GET /page/<file>`` serves the scripts and style sheet. The
+page itself polls ``/fleet``, ``/state``, ``/metrics`` and ``/history`` of the node that
+served it, and reads the cell view from ``/inspect/cells/...`` (:mod:`.inspector`). A
 strict Content-Security-Policy allows only this origin's script, style and fetches, so
 nothing the page shows (node ids, cell names from the bucket) can run as code even if an
 insertion were ever unescaped.
@@ -21,6 +22,7 @@ from starlette.routing import Route
 FILES = {
     "index.html": "text/html; charset=utf-8",
     "page.js": "text/javascript; charset=utf-8",
+    "inspector.js": "text/javascript; charset=utf-8",
     "page.css": "text/css; charset=utf-8",
 }
 HEADERS = {

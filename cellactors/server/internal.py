@@ -48,6 +48,7 @@ from cellactors.server.handling import (
     as_call_error,
     hand_over,
 )
+from cellactors.server.inspector import Inspector
 from cellactors.server.peer_keys import KeySource, PeerKeys
 from cellactors.server.push_transport import PUSHES_ROUTE, receive_pushes
 from cellactors.tracing import spans
@@ -267,22 +268,30 @@ class _InternalCore(Core):
         """Every node lease in the bucket (``Node.fleet``), read at most once per
         ``fleet_cache_seconds`` however many pages poll; 503 when the bucket fails."""
         headers = {NODE_HEADER: self.node.node_id, "Cache-Control": "no-store"}
+        try:
+            answer = await self.fleet_answer()
+        except BucketError as e:
+            body = {
+                "error": "bucket_unavailable",
+                "message": f"could not read the node leases: {e}",
+                "outcome": NOT_RUN,
+                "retryable": True,
+            }
+            return JSONResponse(body, status_code=503, headers=headers)
+        return JSONResponse(answer, headers=headers)
+
+    async def fleet_answer(self) -> dict[str, Any]:
+        """``Node.fleet``, read at most once per ``fleet_cache_seconds`` (``/fleet`` and the
+        inspector's fleet history share it)."""
         async with self._fleet_lock:
             cached = self._fleet
             if cached is None or time.monotonic() - cached[0] >= self.settings.fleet_cache_seconds:
-                try:
-                    answer = await anyio.to_thread.run_sync(self.node.fleet)
-                except BucketError as e:
-                    self._fleet = None
-                    body = {
-                        "error": "bucket_unavailable",
-                        "message": f"could not read the node leases: {e}",
-                        "outcome": NOT_RUN,
-                        "retryable": True,
-                    }
-                    return JSONResponse(body, status_code=503, headers=headers)
-                cached = self._fleet = (time.monotonic(), answer)
-        return JSONResponse(cached[1], headers=headers)
+                self._fleet = None
+                cached = self._fleet = (
+                    time.monotonic(),
+                    await anyio.to_thread.run_sync(self.node.fleet),
+                )
+        return cached[1]
 
 
 def build_internal_app(
@@ -312,6 +321,7 @@ def build_internal_app(
         Route("/fleet", core.fleet, methods=["GET"]),
         Route("/healthz", core.healthz, methods=["GET"]),
         *fleet_page.routes(),
+        *Inspector(core, core.fleet_answer).routes(),
     ]
     app = Starlette(
         routes=routes,

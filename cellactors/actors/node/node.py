@@ -33,9 +33,10 @@ from cellactors.actors.cell import CellActor
 from cellactors.actors.host import CellProxy
 from cellactors.actors.lease import FenceDeadline, LeaseActor, LeaseClock
 from cellactors.actors.messages import FireAlarm
-from cellactors.actors.metrics import NodeMetrics, NodeSample
+from cellactors.actors.metrics import NodeMetrics
 from cellactors.actors.node.activations import Activations, Stores
 from cellactors.actors.node.collector import Collector
+from cellactors.actors.node.history import History
 from cellactors.actors.node.listener import CellEvents
 from cellactors.actors.node.placement import Placement
 from cellactors.actors.node.pushes import PushDriver
@@ -98,7 +99,8 @@ class Node:
             self.register(cls)
         self.ownership = OwnershipStore(self.gate, self.node_id)
         self.leases = LeaseStore(self.gate, self.node_id, self.settings.lease_ttl)
-        self.metrics = NodeMetrics(self.bucket, self._sample)
+        self.metrics = NodeMetrics(self.bucket, lambda: introspection.sample(self))
+        self.history = History(self.node_id, self.metrics)
         self.status = NodeStatus.STARTING
         self.fence_reason: str | None = None
         #: Called (with the reason) once the node has fenced itself.
@@ -190,6 +192,7 @@ class Node:
             stale.unlink(missing_ok=True)
         self.status = NodeStatus.SERVING
         self.collector.start()
+        self.history.start()
         self.alarms.start()  # its first scan runs now: alarms of orphaned cells fire
         return self
 
@@ -254,6 +257,7 @@ class Node:
             self.drain()
         self.lease_clock.close()
         self.collector.stop()
+        self.history.stop()
         self.alarms.stop()
         self.outbox.stop()
         self.pushes.stop()
@@ -473,9 +477,6 @@ class Node:
     def metrics_text(self) -> str:
         """This node's metrics in the Prometheus text format (``GET /metrics``)."""
         return self.metrics.render().decode("utf-8")
-
-    def _sample(self) -> NodeSample:
-        return introspection.sample(self)
 
     # --- change feed: logic in cellactors.persistence.history.feed -----------------------
 

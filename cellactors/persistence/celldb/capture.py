@@ -16,6 +16,7 @@ image, which replay loads instead of rows; the caller takes it after commit with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -276,7 +277,8 @@ def database_image(conn: sqlite3.Connection) -> bytes:
     through a temporary file cost it a file, a backup and a read), else through a
     temporary file that is never synced (it is read back at once and deleted)."""
     if sys.version_info >= (3, 11) and hasattr(conn, "serialize"):
-        return bytes(conn.serialize(name="main"))
+        with contextlib.suppress(sqlite3.OperationalError):  # an empty database has none
+            return bytes(conn.serialize(name="main"))
     fd, path = tempfile.mkstemp(suffix=".db")
     os.close(fd)
     try:
