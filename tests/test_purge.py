@@ -68,14 +68,19 @@ def test_a_purge_fences_the_live_owner(sw_bucket: S3Bucket) -> None:
     try:
         cell = node.cell(Counter, "a")
         assert cell.increment("x") == 1
-        purge_cell(sw_bucket, CELL, settle=0)
-        assert _keys(sw_bucket, CELL) == []
-        # The owner still holds its activation: its next write is never acknowledged.
+        first = purge_cell(sw_bucket, CELL, settle=0)
+        # The owner was live: own.json stays, marked purging, a tombstone nobody claims.
+        assert first.fenced_live == "n1" and not first.finished
+        assert _keys(sw_bucket, CELL) == [keys.owner_key(CELL)]
+        # The owner still holds its activation: its next write is never acknowledged (and
+        # its batch, which lands, is deleted by the purge that finishes).
         with pytest.raises(CellactorsError) as info:
             cell.increment("x")
         assert getattr(info.value, "outcome", None) in ("unknown", "not_run"), info.value
         record = OwnershipStore(sw_bucket, "reader").read_owner(CELL)
-        assert record is None or record.node != "n1" or record.epoch == 1
+        assert record is not None and record.purging and record.node == ""
+        second = purge_cell(sw_bucket, CELL, settle=0)
+        assert second.finished and _keys(sw_bucket, CELL) == []
     finally:
         node.stop()
 
@@ -143,10 +148,16 @@ def test_a_node_sends_the_purge_of_a_live_peers_cell_to_that_peer(sw_bucket: S3B
         assert info.value.node == "n1"
         assert _keys(sw_bucket, CELL) == before, "a refused purge deleted something"
 
-        node_purge(n2, Counter, "a", settle=0, fence_live=True)  # fenced from afar
-        assert _keys(sw_bucket, CELL) == []
+        result = node_purge(n2, Counter, "a", settle=0, fence_live=True)  # fenced from afar
+        assert result.fenced_live == "n1"
+        assert _keys(sw_bucket, CELL) == [keys.owner_key(CELL)]  # the tombstone
         with pytest.raises(NotDurable):
             n1.cell(Counter, "a").increment("x")
+        with pytest.raises(CellPurging):
+            n2.cell(Counter, "a").get("x")
+        assert node_purge(n2, Counter, "a", settle=0).finished
+        assert _keys(sw_bucket, CELL) == []
+        assert n2.cell(Counter, "a").increment("x") == 1  # empty and new
     finally:
         n2.stop()
         n1.stop()
@@ -167,8 +178,12 @@ def test_the_command_refuses_a_live_owners_cell_unless_told_to_fence_it(
 
         fenced = CliRunner().invoke(main, [*args, "--fence-live"])
         assert fenced.exit_code == 0, fenced.output
-        assert _keys(sw_bucket, CELL) == []
+        assert "run again once that node has let go" in fenced.output
+        assert _keys(sw_bucket, CELL) == [keys.owner_key(CELL)]
         with pytest.raises(NotDurable):
             node.cell(Counter, "a").increment("x")
+        finished = CliRunner().invoke(main, args)  # the owner let go: no flag needed now
+        assert finished.exit_code == 0 and "purged Counter:a" in finished.output
+        assert _keys(sw_bucket, CELL) == []
     finally:
         node.stop()

@@ -27,9 +27,9 @@ from cellactors.persistence.control.purge import live_owner, purge_cell
 @click.option(
     "--fence-live",
     is_flag=True,
-    help="Purge even if a live node owns the cell (it is fenced; see protocol.md for the "
-    "write it may leave behind). Without it such a cell is refused: purge it through that "
-    "node's DELETE /cells/{cls}/{name}.",
+    help="Purge even if a live node owns the cell: it is fenced, the history deleted, and "
+    "own.json left marked purging until a second run finishes (see protocol.md). Without it "
+    "such a cell is refused: purge it through that node's DELETE /cells/{cls}/{name}.",
 )
 def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float, fence_live: bool) -> None:
     """Delete the cell's data for good: its batches, seals, snapshots, wake entries and
@@ -54,7 +54,14 @@ def purge(store: StoreArgs, cell_id: str, yes: bool, settle: float, fence_live: 
         raise store_failure(err, store.bucket) from err
     finally:
         bucket.close()
-    if result.fenced_epoch is None and result.deleted == 0:
+    if not result.finished:
+        click.echo(
+            f"purged the history of {cell_id} ({result.deleted} objects deleted), but live "
+            f"node {result.fenced_live} owned it: the cell answers cell_purging until this "
+            "command is run again once that node has let go (after its operation deadline, "
+            "15 s by default)"
+        )
+    elif result.fenced_epoch is None and result.deleted == 0:
         click.echo(f"no cell {cell_id} in {bucket.spec}; nothing deleted")
     else:
         click.echo(f"purged {cell_id}: {result.deleted} objects deleted")

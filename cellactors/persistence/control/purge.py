@@ -11,7 +11,11 @@ The order keeps the rule "a cell without ``own.json`` has no history" (docs/prot
    ``cells/<cell>/`` and its wake entries under ``wake/``;
 3. after ``settle`` seconds (room for a batch PUT the fenced owner had in flight to land),
    list the folder again and delete what appeared;
-4. delete ``own.json``: the cell is new again.
+4. delete ``own.json``: the cell is new again, unless a live node owned the cell when the
+   purge began. That owner may still have a batch PUT on its way, which would land under
+   an epoch the new cell will use again; so ``own.json`` stays, marked purging (a
+   tombstone: no activation claims it), until a purge run once that owner has let go
+   deletes what landed meanwhile and then ``own.json``.
 
 A purge that stops part way leaves ``own.json`` marked purging: calls answer
 ``cell_purging`` (409) until a purge is run again, which skips the fencing and finishes.
@@ -44,6 +48,14 @@ class PurgeResult:
     cell: str
     fenced_epoch: int | None
     deleted: int
+    #: The live node that owned the cell when the purge began: ``own.json`` was left
+    #: marked purging; purge again once that node has let go to finish.
+    fenced_live: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """``own.json`` is gone: the cell is new again."""
+        return self.fenced_live is None
 
 
 def fence_for_purge(bucket: Bucket, cell_id: str) -> int | None:
@@ -102,11 +114,21 @@ def purge_cell(bucket: Bucket, cell_id: str, settle: float = 2.0) -> PurgeResult
     (the module's docstring says why in this order). Finishes a purge that stopped part way;
     purging a cell that does not exist deletes nothing."""
     keys.validate_cell_id(cell_id)
+    owner = live_owner(bucket, cell_id)
     epoch = fence_for_purge(bucket, cell_id)
     deleted = _delete_history(bucket, cell_id) + _delete_wakes(bucket, cell_id)
     if settle > 0:
         time.sleep(settle)  # a PUT the fenced owner sent before the fence may still land
     deleted += _delete_history(bucket, cell_id)
+    if owner is not None:
+        log.warning(
+            "purged the history of %s, but its owner %s was live: own.json stays marked "
+            "purging until a purge run after %s let go of the cell finishes",
+            cell_id,
+            owner,
+            owner,
+        )
+        return PurgeResult(cell_id, epoch, deleted, owner)
     if epoch is not None:
         bucket.delete(keys.owner_key(cell_id))
         deleted += 1
