@@ -14,15 +14,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cellactors.cli import main
-from cellactors.core import keys
-from cellactors.persistence.store import records
-from cellactors.persistence.store.bucket import Absent
 from cellactors.persistence.store.embedded import SeaweedServer
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
 from tests.helpers.alarm_cells import Account, Payer
 from tests.helpers.runtime import eventually
-from tests.helpers.served import KEY, ServedNode, served_node
+from tests.helpers.served import KEY, ServedNode, served_node, with_fleet_key
 
 CELL = "Payer:p"
 
@@ -30,8 +27,7 @@ CELL = "Payer:p"
 @pytest.fixture
 def bucket(sw_bucket: S3Bucket) -> S3Bucket:
     """A bucket holding the fleet key the served nodes sign with (``serve`` writes it)."""
-    body = records.encode({"version": 1, "key": KEY.hex()})
-    sw_bucket.put_cas(keys.PEER_AUTH_KEY, body, Absent())
+    with_fleet_key(sw_bucket)
     return sw_bucket
 
 

@@ -10,12 +10,10 @@ import httpx
 import pytest
 
 from cellactors.core import keys
-from cellactors.persistence.store import records
-from cellactors.persistence.store.bucket import Absent
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server import signing
 from tests.helpers.cells import Counter
-from tests.helpers.served import KEY, ServedNode, served_node
+from tests.helpers.served import KEY, ServedNode, served_node, with_fleet_key
 
 CELL = "Counter:a"
 PATH = "/cells/Counter/a"
@@ -23,8 +21,7 @@ PATH = "/cells/Counter/a"
 
 @pytest.fixture
 def node(sw_bucket: S3Bucket) -> Iterator[ServedNode]:
-    body = records.encode({"version": 1, "key": KEY.hex()})
-    sw_bucket.put_cas(keys.PEER_AUTH_KEY, body, Absent())
+    with_fleet_key(sw_bucket)
     with served_node(sw_bucket, "na") as served:
         yield served
 

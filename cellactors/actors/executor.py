@@ -29,7 +29,15 @@ from cellactors.actors.cell_runtime import (
     run_result_check,
 )
 from cellactors.actors.channel import Outcome
-from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, ReadOutbox, TakeImage
+from cellactors.actors.messages import (
+    EditRuntime,
+    FireAlarm,
+    Invoke,
+    ReadOutbox,
+    RollBack,
+    TakeImage,
+)
+from cellactors.actors.rollback_run import roll_back
 from cellactors.actors.schedule_fire import fire as fire_schedule
 from cellactors.actors.sockets import is_refusal
 from cellactors.actors.typed import typed_method
@@ -130,6 +138,9 @@ class CellExecutor:
         if isinstance(message, EditRuntime):
             self._edit_runtime(message)
             return None
+        if isinstance(message, RollBack):
+            self._roll_back(message)
+            return None
         return NOT_MINE
 
     def _reading(self, read: Callable[[], R]) -> R:
@@ -203,7 +214,9 @@ class CellExecutor:
             epoch=self.runtime.epoch,
         )
 
-    def _commit(self, changes: TxnChanges, outcome: Outcome) -> None:
+    def _commit(
+        self, changes: TxnChanges, outcome: Outcome, rollback: tuple[int, int] | None = None
+    ) -> None:
         """Hand a committed transaction to the replicator, with its new wake state when it
         touched the alarm or the outbox; a refusal of the channel fails ``outcome``."""
         if changes.empty:
@@ -211,10 +224,14 @@ class CellExecutor:
         spans.note(spans.TXID, self.runtime.next_txid)
         trace = spans.current()  # the run's: the acknowledgement's span is its child
         with spans.child("cellactors.commit", txid=self.runtime.next_txid):
-            self._hand_over(changes, outcome, trace)
+            self._hand_over(changes, outcome, trace, rollback)
 
     def _hand_over(
-        self, changes: TxnChanges, outcome: Outcome, trace: spans.Context | None
+        self,
+        changes: TxnChanges,
+        outcome: Outcome,
+        trace: spans.Context | None,
+        rollback: tuple[int, int] | None,
     ) -> None:
         rt = self.runtime
         try:
@@ -228,7 +245,7 @@ class CellExecutor:
                 raise
             outcome.error, outcome.value = fault, None
             return
-        txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms())
+        txn = to_txn(rt.next_txid, changes, image, rt.clock.now_ms(), rollback)
         rt.next_txid += 1
         try:
             pushes = rt.database.sockets.sent
@@ -332,6 +349,13 @@ class CellExecutor:
             outcome.error, outcome.value = err, None
         rt.channel.hold(outcome)
         rt.channel.note_progress()
+
+    def _roll_back(self, msg: RollBack) -> None:
+        msg.started = True
+        outcome = Outcome(msg.reply)
+        roll_back(self, self.runtime, msg, outcome)
+        self.runtime.channel.hold(outcome)
+        self.runtime.channel.note_progress()
 
     def _invoke(self, msg: Invoke) -> None:
         msg.started = True

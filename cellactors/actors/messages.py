@@ -80,6 +80,29 @@ class EditRuntime:
 
 
 @dataclass
+class RollBack:
+    """Make the cell's user tables what they were right after ``to_txid`` (``image``: the
+    database then, restored from the bucket), in one transaction of the cell; ``reply``
+    gets a :class:`RolledBack` once that, and every earlier transaction, is durable."""
+
+    to_txid: int
+    image: bytes
+    reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """A rollback's answer: the state is now that of ``to_txid``; ``txid`` is the rollback's
+    own transaction (None when nothing differed), and rolling back to ``undo_txid`` (the
+    txid before it) undoes it."""
+
+    to_txid: int
+    txid: int | None
+    undo_txid: int
+
+
+@dataclass
 class TakeImage:
     """Ask the cell for (committed txid, database image) for a snapshot."""
 

@@ -76,12 +76,14 @@ def _register() -> None:
     from cellactors.cli import purge as _purge
     from cellactors.cli import qualify as _qualify
     from cellactors.cli import restore as _restore
+    from cellactors.cli import rollback as _rollback
     from cellactors.cli import serve as _serve
     from cellactors.cli import status as _status
 
     main.add_command(_qualify.qualify)
     main.add_command(_serve.serve)
     main.add_command(_restore.restore)
+    main.add_command(_rollback.rollback)
     main.add_command(_status.status)
     main.add_command(_cells.cells)
     main.add_command(_purge.purge)

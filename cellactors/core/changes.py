@@ -46,6 +46,9 @@ class Change:
     rows: tuple[RowChange, ...] = ()
     schema_change: bool = False
     sequence: list[list[Any]] | None = field(default=None, compare=False)
+    #: A rollback in place: (the txid whose state it restored, the txid to roll back to in
+    #: order to undo it); None for every other transaction.
+    rollback: tuple[int, int] | None = None
 
     @property
     def time(self) -> str:
@@ -62,7 +65,14 @@ class Change:
             "time": self.time,
             "schema_change": self.schema_change,
             "changes": [row.to_wire() for row in self.rows],
+            **self._rollback_wire(),
         }
+
+    def _rollback_wire(self) -> dict[str, Any]:
+        if self.rollback is None:
+            return {}
+        to_txid, undo_txid = self.rollback
+        return {"rollback": {"to_txid": to_txid, "undo_txid": undo_txid}}
 
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> Change:
@@ -76,4 +86,11 @@ class Change:
             ts_ms=int(value["ts"]),
             rows=rows,
             schema_change=bool(value.get("schema_change", False)),
+            rollback=_rollback(value.get("rollback")),
         )
+
+
+def _rollback(value: Any) -> tuple[int, int] | None:
+    if not isinstance(value, dict):
+        return None
+    return int(value["to_txid"]), int(value["undo_txid"])

@@ -1,5 +1,6 @@
 """One committed transaction of a cell as it is replicated: its txid, its row images (or a
-whole-database image when it changed the schema) and its commit time. The local database
+whole-database image when it changed the schema), its commit time, and for a rollback in
+place the txid it went back to. The local database
 produces it, the replicator ships it in batches, a restore and the feed read it back."""
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ class Txn:
     sequence: list[list[Any]] | None = None
     image: bytes | None = None
     ts_ms: int = 0
+    #: A rollback in place (``cellactors rollback``): (the txid whose state it restored, the
+    #: txid before it, to roll forward to again). None for every other transaction.
+    rollback: tuple[int, int] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "txid": self.txid,
             "ts": self.ts_ms,
             "rows": [[t, k, r] for t, k, r in self.rows],
@@ -28,6 +32,9 @@ class Txn:
             "seq": self.sequence,
             "image": self.image,
         }
+        if self.rollback is not None:  # absent otherwise: older readers ignore the key
+            wire["rb"] = list(self.rollback)
+        return wire
 
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> Txn:
@@ -38,4 +45,12 @@ class Txn:
             sequence=value.get("seq"),
             image=value.get("image"),
             ts_ms=int(value.get("ts", 0)),
+            rollback=_rollback(value.get("rb")),
         )
+
+
+def _rollback(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    to_txid, undo_txid = value
+    return int(to_txid), int(undo_txid)

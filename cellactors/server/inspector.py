@@ -27,9 +27,8 @@ from starlette.routing import Route
 
 from cellactors.actors.node import inspection
 from cellactors.core import history, keys
-from cellactors.core.access import ADMIN_ROLE
-from cellactors.errors import BadRequest, CallError, Forbidden, RemoteOwner
-from cellactors.server.auth.admission import admit_role
+from cellactors.errors import BadRequest, CallError, RemoteOwner
+from cellactors.server.auth.admission import admit_admin
 from cellactors.server.handling import NODE_HEADER, Core, as_call_error
 
 #: Seconds a peer's ``/history`` may take before the fleet's figures leave it out.
@@ -98,15 +97,8 @@ class Inspector:
     # --- cell view ------------------------------------------------------------------------
 
     def _admit(self, request: Request) -> None:
-        """Refuse anyone but an authenticated ``admin`` (and everyone on a node without an
-        authentication scheme: row data is never open by default)."""
-        auth = self.core.settings.authentication
-        if auth.open:
-            raise Forbidden(
-                "the cell view needs an authenticated admin: this node has no authentication "
-                "scheme (--api-keys or --jwt-key)"
-            )
-        admit_role(auth, ADMIN_ROLE, request.headers, "inspect cells")
+        """Refuse anyone but an authenticated ``admin`` (row data is never open by default)."""
+        admit_admin(self.core.settings.authentication, request.headers, "the cell view")
 
     async def _guarded(self, request: Request, read: Callable[[str, str], Any]) -> Response:
         cls_name = request.path_params["cls_name"]

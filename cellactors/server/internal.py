@@ -10,7 +10,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import anyio
@@ -22,8 +21,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import cellactors.errors as errors
-from cellactors.actors.node.node import Node
-from cellactors.actors.node.purging import purge
 from cellactors.core import keys, principal
 from cellactors.core.principal import Principal
 from cellactors.errors import (
@@ -36,6 +33,7 @@ from cellactors.errors import (
     UnknownCell,
 )
 from cellactors.server import call_span, fleet_page, hosts, signing
+from cellactors.server.cell_admin import ROLLBACK_BODY_LIMIT, purge_here, roll_back_here
 from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.handling import (
     DEAD_LETTERS_ROUTE,
@@ -56,7 +54,8 @@ from cellactors.wire import codec
 
 log = logging.getLogger("cellactors.server")
 
-#: Purging a cell (``DELETE``), an operator endpoint signed with the fleet key.
+#: Purging a cell (``DELETE``) and rolling it back (``POST .../rollback``): operator
+#: endpoints signed with the fleet key.
 CELL_ROUTE = "/cells/{cls_name}/{name}"
 
 
@@ -174,37 +173,56 @@ class _InternalCore(Core):
 
     async def list_dead_letters(self, request: Request) -> Response:
         """``GET /cells/{cls}/{name}/dead-letters``: the cell's dead letters, oldest first."""
-        return await self._dead_letters(
+        return await self._operator_request(
             request,
-            lambda cls, name, _ids: [x.to_dict() for x in self.node.dead_letters(cls, name)],
+            lambda cls, name, _ids, _body: [x.to_dict() for x in self.node.dead_letters(cls, name)],
         )
 
     async def retry_dead_letters(self, request: Request) -> Response:
         """``POST .../dead-letters/retry`` (all) or ``POST .../dead-letters/{letter}/retry``:
         move dead letters back into the outbox; answers the ids moved."""
-        return await self._dead_letters(request, self.node.retry_dead_letters, "retried")
+        retry = self.node.retry_dead_letters
+        return await self._operator_request(
+            request, lambda cls, name, ids, _body: retry(cls, name, ids), "retried"
+        )
 
     async def purge_dead_letters(self, request: Request) -> Response:
         """``DELETE .../dead-letters`` (all) or ``DELETE .../dead-letters/{letter}``: delete
         dead letters for good; answers the ids deleted."""
-        return await self._dead_letters(request, self.node.purge_dead_letters, "purged")
+        drop = self.node.purge_dead_letters
+        return await self._operator_request(
+            request, lambda cls, name, ids, _body: drop(cls, name, ids), "purged"
+        )
 
     async def purge_cell(self, request: Request) -> Response:
         """``DELETE /cells/{cls}/{name}``: purge the cell through this node (it lets go of
         its own copy first: :mod:`cellactors.actors.node.purging`), signed with the fleet key
         like the dead-letter routes; answers ``{"purged": [{cell, fenced_epoch, deleted}]}``."""
-        return await self._dead_letters(request, self._purge, "purged")
+        return await self._operator_request(request, self._purge, "purged")
 
-    def _purge(self, cls_name: str, name: str, _ids: list[str] | None) -> list[Any]:
-        if not isinstance(self.node, Node):
-            raise errors.InternalError("this node cannot purge cells")
-        return [asdict(purge(self.node, cls_name, name))]
+    def _purge(self, cls_name: str, name: str, _ids: list[str] | None, _body: bytes) -> list[Any]:
+        return purge_here(self.node, cls_name, name)
 
-    async def _dead_letters(
+    async def roll_back_cell(self, request: Request) -> Response:
+        """``POST /cells/{cls}/{name}/rollback`` with ``{"to_txid": N}`` or ``{"at_ms": T}``:
+        roll the cell back in place through this node
+        (:mod:`cellactors.actors.node.rolling_back`), signed with the fleet key; answers
+        ``{"rolled_back": [{cell, to_txid, txid, undo_txid}]}``."""
+        return await self._operator_request(
+            request, self._roll_back, "rolled_back", ROLLBACK_BODY_LIMIT
+        )
+
+    def _roll_back(
+        self, cls_name: str, name: str, _ids: list[str] | None, body: bytes
+    ) -> list[Any]:
+        return roll_back_here(self.node, cls_name, name, body)
+
+    async def _operator_request(
         self,
         request: Request,
-        act: Callable[[str, str, list[str] | None], list[Any]],
+        act: Callable[[str, str, list[str] | None, bytes], list[Any]],
         done: str = "dead_letters",
+        max_body: int = 0,
     ) -> Response:
         """Verify the operator's signature, run ``act`` on the cell in a worker thread (it
         may activate the cell here) and answer ``{done: [...]}``. A cell a live peer owns is
@@ -214,7 +232,9 @@ class _InternalCore(Core):
         name = request.path_params["name"]
         letter = request.path_params.get("letter")
         try:
-            body = await codec.read_body(request.stream(), request.headers.get("content-length"), 0)
+            body = await codec.read_body(
+                request.stream(), request.headers.get("content-length"), max_body
+            )
             signing.verify_request(
                 self.keys().accepted,
                 request.method,
@@ -230,7 +250,7 @@ class _InternalCore(Core):
                 raise UnknownCell(f"no served cell class {cls_name!r}")
             keys.make_cell_id(cls_name, name)
             ids = None if letter is None else [letter]
-            result = await self.run(act, cls_name, name, ids)
+            result = await self.run(act, cls_name, name, ids, body)
         except RemoteOwner as owner:
             answer = {
                 "error": owner.code,
@@ -311,6 +331,7 @@ def build_internal_app(
         Route(INTERNAL_CELL_ROUTE, core.handle_call, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE, core.list_dead_letters, methods=["GET"]),
         Route(CELL_ROUTE, core.purge_cell, methods=["DELETE"]),
+        Route(CELL_ROUTE + "/rollback", core.roll_back_cell, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE, core.purge_dead_letters, methods=["DELETE"]),
         Route(DEAD_LETTERS_ROUTE + "/retry", core.retry_dead_letters, methods=["POST"]),
         Route(DEAD_LETTERS_ROUTE + "/{letter}", core.purge_dead_letters, methods=["DELETE"]),

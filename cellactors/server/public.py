@@ -37,6 +37,7 @@ from cellactors.errors import (
 from cellactors.persistence.celldb.runtime_tables import RUNTIME_SQL
 from cellactors.server import call_span, cors, docs_page, forward, socket_routes
 from cellactors.server.auth.admission import admit_call, admit_role
+from cellactors.server.cell_admin import CellAdmin
 from cellactors.server.feed import FeedRoute
 from cellactors.server.handling import (
     CELL_ROUTE,
@@ -307,6 +308,7 @@ def build_public_app(
     routes = [
         Route(CHANGES_ROUTE, core.admitted_changes, methods=["GET"]),
         Route(CELL_ROUTE, core.handle_call, methods=["POST"]),
+        *CellAdmin(core, core.client).routes(),
         *sockets,
         Route("/healthz", core.healthz, methods=["GET"]),
         Route("/openapi.json", core.openapi, methods=["GET"]),

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellactors import CellActor, Node, NodeSettings
-from cellactors.persistence.store.bucket import Bucket
+from cellactors.core import keys
+from cellactors.persistence.store import records
+from cellactors.persistence.store.bucket import Absent, Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.peer_keys import KeySource
 from cellactors.server.runner import Runner
@@ -20,6 +22,14 @@ from tests.helpers.cells import Counter, Sandbox
 from tests.helpers.runtime import TTL, eventually
 
 KEY = bytes(range(32))
+
+
+def with_fleet_key(bucket: Bucket) -> Bucket:
+    """``bucket`` holding :data:`KEY` as the fleet key (as ``serve`` writes it), so that an
+    operator's command signs the requests these nodes accept."""
+    body = records.encode({"version": 1, "key": KEY.hex()})
+    bucket.put_cas(keys.PEER_AUTH_KEY, body, Absent())
+    return bucket
 
 
 @dataclass

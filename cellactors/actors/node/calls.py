@@ -14,7 +14,7 @@ import pykka
 from cellactors.actors.cell import CellActor
 from cellactors.actors.cell_runtime import check_arguments, check_serializable
 from cellactors.actors.lease import FenceDeadline
-from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke
+from cellactors.actors.messages import EditRuntime, FireAlarm, Invoke, RollBack
 from cellactors.actors.metrics import OK, UNSERVED, NodeMetrics
 from cellactors.actors.node.activations import Activations
 from cellactors.actors.node.routes import RouteCache
@@ -88,7 +88,7 @@ def no_answer(active: Active) -> NotDurable:
 
 
 def await_answer(
-    invoke: Invoke | FireAlarm | EditRuntime, active: Active, deadline: float
+    invoke: Invoke | FireAlarm | EditRuntime | RollBack, active: Active, deadline: float
 ) -> tuple[bool, Any]:
     """Wait for the held answer. Returns (False, None) when the cell actor stopped without
     ever starting the call (a stop raced the send), so it can be routed again."""
@@ -368,7 +368,7 @@ class CallRunner:
     def run_here(
         self,
         cell_id: str,
-        make: Callable[[], FireAlarm | EditRuntime],
+        make: Callable[[], FireAlarm | EditRuntime | RollBack],
         during: str,
         check_answer: bool = True,
     ) -> Any:
@@ -395,13 +395,24 @@ class CallRunner:
         """Run ``apply`` in a transaction of the cell on this node (never placed elsewhere);
         its result once durable, or :class:`~cellactors.errors.RemoteOwner` when a live peer
         owns the cell."""
+        result: T = self.run_owned(
+            cell_id, lambda: EditRuntime(apply), "its runtime tables were edited", routes
+        )
+        return result
+
+    def run_owned(
+        self,
+        cell_id: str,
+        make: Callable[[], EditRuntime | RollBack],
+        during: str,
+        routes: RouteCache,
+    ) -> Any:
+        """:meth:`run_here` for an operator's message: a cell a live peer owns raises
+        :class:`~cellactors.errors.RemoteOwner` naming it."""
         try:
-            result: T = self.run_here(
-                cell_id, lambda: EditRuntime(apply), "its runtime tables were edited"
-            )
+            return self.run_here(cell_id, make, during)
         except StaleRoute:
             route = routes.get(cell_id)
             if route is None:
                 raise
             raise RemoteOwner(route.node, route.addr, route.generation) from None
-        return result

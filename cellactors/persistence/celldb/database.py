@@ -361,7 +361,7 @@ class CellDatabase:
 
     def load_image(self, image: bytes) -> None:
         """Replace the whole database with ``image``."""
-        with _image_source(image) as src:
+        with image_source(image) as src:
             self._replace_from(src)
 
     def clear(self) -> None:
@@ -412,7 +412,7 @@ class CellDatabase:
 
 
 @contextlib.contextmanager
-def _image_source(image: bytes) -> Iterator[sqlite3.Connection]:
+def image_source(image: bytes) -> Iterator[sqlite3.Connection]:
     """A connection reading the database ``image``: in memory where SQLite can deserialize
     (Python 3.11+; half the CPU of a restore's image load), else through a temporary file."""
     if sys.version_info >= (3, 11) and hasattr(sqlite3.Connection, "deserialize"):
@@ -449,7 +449,13 @@ def remove_db_files(path: Path) -> None:
         Path(str(path) + suffix).unlink(missing_ok=True)
 
 
-def to_txn(txid: int, changes: capture.TxnChanges, image: bytes | None, ts_ms: int) -> Txn:
+def to_txn(
+    txid: int,
+    changes: capture.TxnChanges,
+    image: bytes | None,
+    ts_ms: int,
+    rollback: tuple[int, int] | None = None,
+) -> Txn:
     """Build the replicated form of a committed transaction."""
     return Txn(
         txid=txid,
@@ -458,6 +464,7 @@ def to_txn(txid: int, changes: capture.TxnChanges, image: bytes | None, ts_ms: i
         sequence=changes.sequence,
         image=image,
         ts_ms=ts_ms,
+        rollback=rollback,
     )
 
 

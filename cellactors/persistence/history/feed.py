@@ -62,6 +62,7 @@ def to_change(epoch: int, txn: Txn) -> Change:
         rows,
         schema_change=txn.image is not None,
         sequence=txn.sequence,
+        rollback=txn.rollback,
     )
 
 

@@ -41,3 +41,15 @@ def admit_role(
     caller = auth.authenticate(headers)
     _refuse(access.decide_role(role, caller, open_node=auth.open), what)
     return caller
+
+
+def admit_admin(auth: Authentication, headers: Mapping[str, str], what: str) -> Principal | None:
+    """The caller, if it is an authenticated ``admin``; else the refusal. A node without an
+    authentication scheme refuses everyone: what only operators may do is never open by
+    default (use the internal listener's signed routes instead)."""
+    if auth.open:
+        raise Forbidden(
+            f"{what} needs an authenticated admin: this node has no authentication scheme "
+            "(--api-keys or --jwt-key)"
+        )
+    return admit_role(auth, access.ADMIN_ROLE, headers, what)
