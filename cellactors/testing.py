@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from cellactors.actors.cell import CellActor
 from cellactors.actors.node import Node, NodeSettings
+from cellactors.actors.node.rolling_back import RollbackResult, roll_back
 from cellactors.core import keys
 from cellactors.core.changes import Change
 from cellactors.core.principal import Principal
@@ -358,6 +359,20 @@ class Fleet:
         """Delete the cell's dead letters ``ids`` (default: all); the ids deleted."""
         wanted = None if ids is None else list(ids)
         return self._on_owner(cls, name, lambda node: node.purge_dead_letters(cls, name, wanted))
+
+    def roll_back(
+        self,
+        cls: type[CellActor] | str,
+        name: str,
+        *,
+        to_txid: int | None = None,
+        at_ms: int | None = None,
+    ) -> RollbackResult:
+        """Roll the cell back in place on its owner (``cellactors rollback``): to right after
+        ``to_txid`` or to its state at ``at_ms``; rolling back to ``undo_txid`` undoes it."""
+        return self._on_owner(
+            cls, name, lambda node: roll_back(node, cls, name, to_txid=to_txid, at_ms=at_ms)
+        )
 
     def _on_owner(self, cls: type[CellActor] | str, name: str, run: Callable[[Node], T]) -> T:
         """``run`` on the cell's owner: the first live node, or the live peer it names."""

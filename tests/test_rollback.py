@@ -14,6 +14,7 @@ from cellactors.actors.node.rolling_back import roll_back
 from cellactors.errors import BadRequest, RemoteOwner
 from cellactors.persistence.history.feed import read_changes
 from cellactors.persistence.store.s3 import S3Bucket
+from cellactors.testing import Fleet
 from tests.helpers.cells import Counter
 from tests.helpers.runtime import TTL, crash, make_node
 
@@ -189,3 +190,14 @@ def test_a_node_that_does_not_own_the_cell_names_its_owner(sw_bucket: S3Bucket) 
     finally:
         other.stop()
         owner.stop()
+
+
+def test_a_fleet_rolls_a_cell_back_on_its_owner() -> None:
+    with Fleet([Counter], nodes=2) as fleet:
+        fleet.cell(Counter, "a").increment("x")
+        fleet.cell(Counter, "a").increment("x")
+        back = fleet.roll_back(Counter, "a", to_txid=2)
+        assert fleet.cell(Counter, "a").get("x") == 1
+        assert fleet.changes(Counter, "a", after=back.undo_txid)[0].rollback == (2, 3)
+        fleet.roll_back(Counter, "a", to_txid=back.undo_txid)
+        assert fleet.acknowledged(Counter, "a")["counts"] == [{"name": "x", "n": 2}]
