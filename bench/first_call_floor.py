@@ -10,7 +10,9 @@ cell's first write:
   the node's client) to a new cell's keys under another prefix, one after another: the
   conditional create of ``own.json`` (``If-None-Match: *``), the batch PUT, and the re-read
   of ``own.json``, preceded by the GET of ``own.json`` that answers 404 (the node reads the
-  record before it claims the cell).
+  record before it claims the cell);
+- **no first GET**: the same without that GET, as a node that tried the conditional create
+  first would do for a new cell.
 
 Per way: p50 latency, and CPU milliseconds per first call of the node and of the store from
 ``/proc``. The store-only figures are the floor a first call cannot go below with this
@@ -68,16 +70,18 @@ def _client(endpoint: str) -> object:
     )
 
 
-def store_only(client: object, prefix: str, cell_id: str) -> None:
-    """The store requests of a new cell's first call, in the node's order."""
+def store_only(client: object, prefix: str, cell_id: str, read_first: bool = True) -> None:
+    """The store requests of a new cell's first call, in the node's order (without the first
+    GET of ``own.json`` unless ``read_first``)."""
     s3 = client
     own = f"{prefix}/{keys.owner_key(cell_id)}"
-    try:
-        s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()  # type: ignore[attr-defined]
-        raise RuntimeError(f"{own} exists")
-    except botocore.exceptions.ClientError as err:
-        if err.response["Error"]["Code"] not in ("NoSuchKey", "404"):
-            raise
+    if read_first:
+        try:
+            s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()  # type: ignore[attr-defined]
+            raise RuntimeError(f"{own} exists")
+        except botocore.exceptions.ClientError as err:
+            if err.response["Error"]["Code"] not in ("NoSuchKey", "404"):
+                raise
     s3.put_object(Bucket=BUCKET, Key=own, Body=OWN, IfNoneMatch="*")  # type: ignore[attr-defined]
     batch = f"{prefix}/{keys.batch_key(cell_id, 1, 1, 2)}"
     s3.put_object(Bucket=BUCKET, Key=batch, Body=BATCH)  # type: ignore[attr-defined]
@@ -89,13 +93,13 @@ def _alternate(
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     """The two ways in blocks, alternating which goes first: latencies, and CPU per call of
     each process per block."""
-    lat: dict[str, list[float]] = {"cellactors": [], "store only": []}
+    lat: dict[str, list[float]] = {"cellactors": [], "store only": [], "no first GET": []}
     cpu: dict[str, dict[str, list[float]]] = {way: {"node": [], "store": []} for way in lat}
     seq = 0
     with httpx.Client(base_url=url, timeout=30) as http:
         http.post("/cells/Counter/warm/increment", content=BODY, headers=HEADERS)
         for r in range(args.rounds):
-            ways = ["cellactors", "store only"]
+            ways = list(lat)
             for way in ways if r % 2 == 0 else reversed(ways):
                 with CpuMeter(pids) as meter:
                     for _ in range(args.block):
@@ -105,7 +109,8 @@ def _alternate(
                             path = f"/cells/Counter/new-{seq}/increment"
                             http.post(path, content=BODY, headers=HEADERS).raise_for_status()
                         else:
-                            store_only(s3, "floor", f"Counter:new-{seq}")
+                            first = way == "store only"
+                            store_only(s3, "floor", f"Counter:new-{seq}", read_first=first)
                         lat[way].append(time.perf_counter() - t)
                 figures = meter.figures(args.block)
                 for proc in ("node", "store"):
