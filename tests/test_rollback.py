@@ -201,3 +201,18 @@ def test_a_fleet_rolls_a_cell_back_on_its_owner() -> None:
         assert fleet.changes(Counter, "a", after=back.undo_txid)[0].rollback == (2, 3)
         fleet.roll_back(Counter, "a", to_txid=back.undo_txid)
         assert fleet.acknowledged(Counter, "a")["counts"] == [{"name": "x", "n": 2}]
+
+
+def test_a_rollback_to_before_the_first_write_leaves_what_on_activate_makes(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        back = roll_back(node, Counter, "a", to_txid=0)  # before on_activate's own txid 1
+        assert back.to_txid == 0
+        assert cell.get("x") == 0
+        assert cell.increment("x") == 1  # its table is there: on_activate ran again
+    finally:
+        node.stop()

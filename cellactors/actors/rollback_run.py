@@ -1,8 +1,8 @@
 """A rollback in place, on the cell's thread (the executor's ``RollBack``).
 
 The user's tables become what they were right after ``to_txid``
-(:func:`cellactors.persistence.celldb.rollback.restore_user_state`) in one transaction,
-which the history marks as a rollback (``to_txid`` and the txid before it, to undo it):
+(:func:`cellactors.persistence.celldb.rollback.restore_user_state`), and ``on_activate``
+runs after that, in one transaction, which the history marks as a rollback (``to_txid`` and the txid before it, to undo it):
 the change feed shows it, and a restore replays it like any other transaction. A point at or
 after the cell's latest txid is refused, and nothing changes.
 """
@@ -50,6 +50,9 @@ def roll_back(executor: Rolling, rt: CellRuntime, msg: RollBack, outcome: Outcom
 
             def body() -> None:
                 restore_user_state(rt.database.conn, past)
+                # As an activation does: the tables the running code creates there exist
+                # again, even after a rollback to before they were created.
+                executor.cell.on_activate()
 
             _, changes = executor._run(body)
         txid = None if changes.empty else rt.next_txid
