@@ -69,8 +69,9 @@ def test_lone_write_is_one_put_and_one_owner_get(sw_bucket: S3Bucket) -> None:
 
 def test_a_never_owned_cell_activates_without_listing_or_sealing(sw_bucket: S3Bucket) -> None:
     """The claim that creates ``own.json`` proves the cell has no history: its first call
-    costs the create, the read before it, and one PUT and one re-read per batch (on_activate's
-    schema, then the write); no listing, no seal (it was 1 more, a LIST, before)."""
+    costs the read before the claim, the create, and one batch PUT (on_activate's schema and
+    the write together) with its re-read; no listing, no seal (it was 7: a LIST, and a PUT and
+    re-read of on_activate's own batch)."""
     node = make_node(sw_bucket, "n1")
     try:
         before = node.bucket.snapshot()
