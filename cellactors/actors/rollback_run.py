@@ -2,9 +2,10 @@
 
 The user's tables become what they were right after ``to_txid``
 (:func:`cellactors.persistence.celldb.rollback.restore_user_state`), and ``on_activate``
-runs after that, in one transaction, which the history marks as a rollback (``to_txid`` and the txid before it, to undo it):
-the change feed shows it, and a restore replays it like any other transaction. A point at or
-after the cell's latest txid is refused, and nothing changes.
+runs after that, in one transaction, which the history marks as a rollback (``to_txid`` and
+the txid before it, to undo it): the change feed shows it, and a restore replays it like any
+other transaction. A point at or after the cell's latest txid is refused, and nothing
+changes.
 """
 
 from __future__ import annotations
