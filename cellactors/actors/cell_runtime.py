@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,6 +184,11 @@ class PushLedger(Protocol):
         """A holder's sync answers with the cell's pushes up to ``head``."""
 
 
+#: Numbers the activations of this process: two activations of one cell, even at the same
+#: epoch (a purge starts a cell over at epoch 1), never share one.
+_incarnations = itertools.count(1)
+
+
 @dataclass
 class CellRuntime:
     """What an activation gives the actor: identity, epoch, database and channel."""
@@ -205,3 +211,6 @@ class CellRuntime:
     #: Hands the database's caches back in the calling thread if the cell is idle (set
     #: when it opens). False: it is not idle, and nothing was done.
     trim_if_idle: Callable[[], bool] | None = None
+    #: This activation among all of the process (an operator's multi-step change, such as a
+    #: rollback, checks that its last step reaches the activation its first one saw).
+    incarnation: int = field(default_factory=lambda: next(_incarnations))

@@ -82,11 +82,15 @@ class EditRuntime:
 @dataclass
 class RollBack:
     """Make the cell's user tables what they were right after ``to_txid`` (``image``: the
-    database then, restored from the bucket), in one transaction of the cell; ``reply``
-    gets a :class:`RolledBack` once that, and every earlier transaction, is durable."""
+    database then, restored from the bucket), in one transaction of the activation
+    ``incarnation`` (refused, unchanged, in any other); ``reply`` gets a
+    :class:`RolledBack` once that, and every earlier transaction, is durable. Without
+    ``to_txid`` it only asks: ``reply`` gets (incarnation, latest txid) once every
+    transaction up to that txid is durable."""
 
-    to_txid: int
-    image: bytes
+    to_txid: int | None = None
+    image: bytes = b""
+    incarnation: int | None = None
     reply: pykka.Future[Any] = field(default_factory=pykka.ThreadingFuture)
     started: bool = False
 

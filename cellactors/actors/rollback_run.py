@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cellactors.actors.messages import RollBack, RolledBack
-from cellactors.errors import BadRequest, NodeStorageFault
+from cellactors.errors import ActivationFailed, BadRequest, NodeStorageFault
 from cellactors.persistence.celldb.capture import TxnChanges
 from cellactors.persistence.celldb.database import image_source
 from cellactors.persistence.celldb.rollback import restore_user_state
@@ -42,7 +42,15 @@ class Rolling(Protocol):
 def roll_back(executor: Rolling, rt: CellRuntime, msg: RollBack, outcome: Outcome) -> None:
     """Run the rollback ``msg`` asks for; its answer (or error) goes into ``outcome``."""
     latest = rt.next_txid - 1
+    if msg.to_txid is None:
+        outcome.value = (rt.incarnation, latest)  # held until ``latest`` is durable
+        return
     try:
+        if msg.incarnation != rt.incarnation:
+            raise ActivationFailed(
+                f"{executor.cell.cell_id} moved, or was purged, while it was being rolled "
+                "back: nothing changed; try again"
+            )
         if msg.to_txid >= latest:
             raise BadRequest(
                 f"{executor.cell.cell_id} is at txid {latest}: a rollback goes to an earlier one"
@@ -52,7 +60,10 @@ def roll_back(executor: Rolling, rt: CellRuntime, msg: RollBack, outcome: Outcom
             def body() -> None:
                 restore_user_state(rt.database.conn, past)
                 # As an activation does: the tables the running code creates there exist
-                # again, even after a rollback to before they were created.
+                # again, even after a rollback to before they were created; it runs for no
+                # caller, as at an activation.
+                executor.cell._chain = (executor.cell.cell_id,)
+                executor.cell._caller = None
                 executor.cell.on_activate()
 
             _, changes = executor._run(body)

@@ -49,7 +49,8 @@ def rollback(
         raise click.UsageError("give one of --to-txid and --at-time")
     point = {"to_txid": to_txid} if to_txid is not None else {"at_ms": parse_time_ms(at_time or "")}
     if not yes:
-        click.confirm(f"roll {cell_id} back to {to_txid or at_time}?", abort=True)
+        point_text = f"txid {to_txid}" if to_txid is not None else at_time
+        click.confirm(f"roll {cell_id} back to {point_text}?", abort=True)
     body = json.dumps(point).encode()
     answer = Operator(store, timeout).send(node_url, cell_id, "POST", "/rollback", body)
     [done] = answer.get("rolled_back", [{}])

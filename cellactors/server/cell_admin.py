@@ -74,6 +74,19 @@ def roll_back_here(node: Any, cls_name: str, name: str, body: bytes) -> list[Any
     return [roll_back(node, cls_name, name, **rollback_point(body)).to_dict()]
 
 
+def _without_addresses(content: bytes) -> bytes:
+    """An owner's error answer without the internal address it may name (``remote_owner``):
+    the public listener never tells its callers where the internal listeners are."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(payload, dict) or "addr" not in payload:
+        return content
+    payload.pop("addr")
+    return json.dumps(payload).encode()
+
+
 class CellAdmin:
     """The routes above, over the public app's core."""
 
@@ -143,10 +156,12 @@ class CellAdmin:
             return self.core.error(unreachable(owner, e), "json")
         except httpx.HTTPError as e:
             return self.core.error(lost(owner, e), "json")
+        content = peer.content
         if not peer.is_success:
             log.warning("owner %s answered HTTP %d to %s", owner.node, peer.status_code, path)
+            content = _without_addresses(content)
         return Response(
-            peer.content,
+            content,
             status_code=peer.status_code,
             media_type=peer.headers.get("content-type"),
             headers={NODE_HEADER: owner.node},

@@ -3,14 +3,16 @@ rollback``, ``POST /cells/{cls}/{name}/rollback`` on the internal listener).
 
 In three steps, none of which holds the cell while the bucket is read:
 
-1. a no-op transaction of the cell on this node gives its latest txid, answered once every
-   transaction up to it is durable (so the bucket holds the history up to it);
+1. the cell, activated on this node, names its activation and its latest txid, answered
+   once every transaction up to it is durable (so the bucket holds the history up to it);
+   a cell the bucket has no record of is refused (a rollback creates no cell);
 2. the database as it was at the point asked for (a txid, or the last transaction committed
    at or before a time) is restored from the bucket into a temporary file, as
    ``cellactors restore --at-txid`` does;
 3. the cell makes its user tables that image's in one transaction marked as a rollback
-   (:mod:`cellactors.actors.rollback_run`); calls that committed between 1 and 3 are rolled
-   back too, and the answer names the txid before the rollback, to undo it.
+   (:mod:`cellactors.actors.rollback_run`), if it is still the activation of step 1 (a cell
+   that moved or was purged meanwhile refuses, unchanged); calls that committed between 1
+   and 3 are rolled back too, and the answer names the txid before the rollback, to undo it.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def _image_at(
     """The cell's database right after ``to_txid`` (or at ``at_ms``), from the bucket, and
     the txid it is at."""
     record = node.ownership.read_owner(cell_id)
-    if record is None:
-        raise BadRequest(f"no cell {cell_id} in the bucket")
+    if record is None or record.purging:
+        raise BadRequest(f"no cell {cell_id} in the bucket: nothing to roll back")
     with tempfile.TemporaryDirectory(prefix="cellactors-rollback-", dir=node.cells_dir) as tmp:
         db = CellDatabase(Path(tmp) / "past.db")
         try:
@@ -86,11 +88,16 @@ def roll_back(
     if to_txid is not None and to_txid < 0:
         raise BadRequest(f"txid {to_txid} is not a transaction id")
     cell_id = keys.make_cell_id(cls if isinstance(cls, str) else cls.__name__, name)
-    latest: int = node.runner.edit_runtime(cell_id, lambda _tables, txid: txid - 1, node.routes)
+    record = node.ownership.read_owner(cell_id)
+    if record is None or record.purging:
+        raise BadRequest(f"no cell {cell_id} in the bucket: nothing to roll back")
+    incarnation, latest = node.runner.run_owned(
+        cell_id, RollBack, "its latest txid was asked", node.routes
+    )
     if to_txid is not None and to_txid >= latest:
         raise BadRequest(f"{cell_id} is at txid {latest}: a rollback goes to an earlier one")
     point, image = _image_at(node, cell_id, to_txid, at_ms)
     done: RolledBack = node.runner.run_owned(
-        cell_id, lambda: RollBack(point, image), "it was rolled back", node.routes
+        cell_id, lambda: RollBack(point, image, incarnation), "it was rolled back", node.routes
     )
     return RollbackResult(cell_id, done.to_txid, done.txid, done.undo_txid)
