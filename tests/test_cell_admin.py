@@ -16,6 +16,7 @@ from cellactors.core import keys
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.server.app import ServerSettings
 from cellactors.server.auth import ApiKeys, Authentication
+from cellactors.server.cell_admin import _without_addresses
 from tests.helpers.cells import Counter
 from tests.helpers.served import served_node, with_fleet_key
 
@@ -103,3 +104,12 @@ def test_a_node_that_does_not_own_the_cell_hands_the_request_to_its_owner(
         assert answer.headers["x-cellactors-node"] == "owner"
         assert cell.get("x") == 1
         assert other.node.resident_cells() == 0  # it never activated the cell
+
+
+def test_an_owners_refusal_reaches_a_public_caller_without_internal_addresses() -> None:
+    refusal = json.dumps({"error": "remote_owner", "node": "n2", "addr": "10.0.3.17:8081"})
+    assert json.loads(_without_addresses(refusal.encode())) == {
+        "error": "remote_owner",
+        "node": "n2",
+    }
+    assert _without_addresses(b"not json") == b"not json"
