@@ -172,10 +172,7 @@ class ActivationFailed(CallError):
     """The cell could not be acquired or restored (e.g. a lost seal race) before the call
     was handed to it; retry later."""
 
-    status = 503
-    code = "activation_failed"
-    outcome = NOT_RUN
-    retryable = True
+    status, code, outcome, retryable = 503, "activation_failed", NOT_RUN, True
 
 
 class ActivationRaised(CallError):
@@ -429,10 +426,14 @@ class FeedUnavailable(CallError):
     ``max_feed_streams`` follow streams. Nothing changed; a later request, or another node,
     may succeed."""
 
-    status = 503
-    code = "feed_unavailable"
-    outcome = NOT_RUN
-    retryable = True
+    status, code, outcome, retryable = 503, "feed_unavailable", NOT_RUN, True
+
+
+class BucketUnavailable(CallError):
+    """The bucket failed an operator's read before anything changed (the node leases, the
+    history a rollback restores from); a later request may succeed."""
+
+    status, code, outcome, retryable = 503, "bucket_unavailable", NOT_RUN, True
 
 
 class FeedHistoryMissing(CallError):
@@ -440,10 +441,7 @@ class FeedHistoryMissing(CallError):
     collected by retention), and listing again did not bring them back. Nothing changed,
     and asking again will not help: the bucket needs an operator."""
 
-    status = 500
-    code = "history_missing"
-    outcome = NOT_RUN
-    retryable = False
+    status, code, outcome, retryable = 500, "history_missing", NOT_RUN, False
 
 
 # --- errors from their wire form ------------------------------------------------------

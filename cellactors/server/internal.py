@@ -27,6 +27,7 @@ from cellactors.errors import (
     NOT_RUN,
     BadRequest,
     BucketError,
+    BucketUnavailable,
     DeadLetterNotFound,
     RemoteOwner,
     StaleRoute,
@@ -291,13 +292,9 @@ class _InternalCore(Core):
         try:
             answer = await self.fleet_answer()
         except BucketError as e:
-            body = {
-                "error": "bucket_unavailable",
-                "message": f"could not read the node leases: {e}",
-                "outcome": NOT_RUN,
-                "retryable": True,
-            }
-            return JSONResponse(body, status_code=503, headers=headers)
+            refused = self.error(BucketUnavailable(f"could not read the node leases: {e}"), "json")
+            refused.headers["Cache-Control"] = "no-store"
+            return refused
         return JSONResponse(answer, headers=headers)
 
     async def fleet_answer(self) -> dict[str, Any]:
