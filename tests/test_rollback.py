@@ -5,6 +5,7 @@ stays (answered calls stay answered), and rolling back to the txid before it und
 from __future__ import annotations
 
 import time
+from collections import Counter as Tally
 
 import pytest
 
@@ -15,6 +16,7 @@ from cellactors.errors import BadRequest, RemoteOwner
 from cellactors.persistence.history.feed import read_changes
 from cellactors.persistence.store.s3 import S3Bucket
 from cellactors.testing import Fleet
+from tests.helpers.buckets import delta
 from tests.helpers.cells import Counter
 from tests.helpers.runtime import TTL, crash, make_node
 
@@ -214,5 +216,23 @@ def test_a_rollback_to_before_the_first_write_leaves_what_on_activate_makes(
         assert back.to_txid == 0
         assert cell.get("x") == 0
         assert cell.increment("x") == 1  # its table is there: on_activate ran again
+    finally:
+        node.stop()
+
+
+def test_the_bucket_requests_of_a_rollback(sw_bucket: S3Bucket) -> None:
+    """On an active cell whose history is one batch: one read of ``own.json`` (the cell
+    exists; the epoch the restore needs comes from the cell itself), the restore's listing
+    and batch read, then the rollback's own batch PUT and re-read. The probe of step 1 asks
+    nothing of the bucket (everything was durable)."""
+    node = make_node(sw_bucket, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")  # one batch: on_activate's txid 1 and this txid 2
+        before = node.bucket.snapshot()
+        roll_back(node, Counter, "a", to_txid=1)
+        assert delta(node, before) == Tally(
+            {("get", "own"): 2, ("list", "other"): 1, ("get", "batch"): 1, ("put", "batch"): 1}
+        )
     finally:
         node.stop()

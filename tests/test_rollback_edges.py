@@ -22,14 +22,25 @@ from cellactors.actors.node.purging import purge
 from cellactors.actors.node.rolling_back import roll_back
 from cellactors.core import keys
 from cellactors.core.principal import Principal
-from cellactors.errors import ActivationFailed, BadRequest
+from cellactors.errors import (
+    FAILED,
+    NOT_RUN,
+    UNKNOWN,
+    ActivationFailed,
+    BadRequest,
+    BucketError,
+    BucketUnavailable,
+    MethodFailed,
+    NotDurable,
+)
 from cellactors.persistence.celldb.calls import RESERVED_PREFIX
 from cellactors.persistence.celldb.database import CellDatabase, dump
 from cellactors.persistence.history.feed import read_changes
 from cellactors.persistence.history.restore import restore_at
 from cellactors.persistence.store.s3 import S3Bucket
+from tests.helpers.buckets import CuttableBucket
 from tests.helpers.cells import Counter, Sandbox
-from tests.helpers.runtime import TTL, cell_dump, make_node
+from tests.helpers.runtime import TTL, cell_dump, expire_lease, make_node
 
 CELL = "Sandbox:s"
 
@@ -85,7 +96,7 @@ def _strict(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# A broad invariant check: passes (kept as evidence of what was checked and found fine).
+# A broad invariant check over many kinds of values and schema objects, both paths.
 # ------------------------------------------------------------------------------------------
 
 BASE = [
@@ -164,18 +175,16 @@ def test_broad_invariants_hold(sw_bucket: S3Bucket, tmp_path: Path, after: list[
 
 
 # ------------------------------------------------------------------------------------------
-# Confirmed bugs: these fail.
+# One edge each.
 # ------------------------------------------------------------------------------------------
 
 
 def test_feed_of_a_schema_changing_rollback_lists_the_rows_it_changed_in_kept_tables(
     sw_bucket: S3Bucket,
 ) -> None:
-    """docs/feed.md: a rollback's ``changes`` are the rows that differed; with a schema
-    change too, "as above": the rows of every table it left as it was. ``_rebuild`` drops
-    and recreates *every* user table, so the capture triggers of an unchanged table go with
-    it and its differing rows never reach the feed: a projection that keeps final row
-    images keeps the rolled-back row forever."""
+    """docs/feed.md: a schema-changing rollback still lists the rows that differed in every
+    table whose definition it kept, so a projection of final row images drops the
+    rolled-back row."""
     node = make_node(sw_bucket, "n1")
     try:
         cell = node.cell(Sandbox, "s")
@@ -194,10 +203,8 @@ def test_feed_of_a_schema_changing_rollback_lists_the_rows_it_changed_in_kept_ta
 
 
 def test_a_rows_only_rollback_restores_negative_zero(sw_bucket: S3Bucket, tmp_path: Path) -> None:
-    """``_same_value`` compares with ``==``: -0.0 == 0.0 in Python, but SQLite keeps them apart
-    (``typeof`` real both, sign preserved). A row whose only difference is the sign of a zero
-    is not written back: the live cell differs from the state at the target, and the answer
-    says nothing was written (``txid`` None: the CLI prints "was already as it was")."""
+    """SQLite keeps the sign of a zero (Python's ``==`` does not see it): a row whose only
+    difference is -0.0 against 0.0 is written back, and the answer says it wrote."""
     node = make_node(sw_bucket, "n1")
     try:
         cell = node.cell(Sandbox, "s")
@@ -283,11 +290,9 @@ class Audited(CellActor):
 
 
 def test_on_activate_in_a_rollback_runs_for_nobody(sw_bucket: S3Bucket) -> None:
-    """A normal activation (CellActor.open_here) sets ``_chain = (cell_id,)`` and
-    ``_caller = None`` before on_activate; rollback_run.roll_back does not, so on_activate
-    runs with the *last call's* caller (and call chain): ``self.caller`` is that principal,
-    and the calls on_activate makes carry its identity and roles (and a stale chain, which
-    can refuse them as a CallCycle)."""
+    """``on_activate`` in a rollback runs as at an activation: for no caller and with a call
+    chain of the cell alone, never with the last call's principal (whose roles its calls
+    would carry) or chain (which could refuse them as a cycle)."""
     settings = NodeSettings(lease_ttl=TTL, advertise="127.0.0.1:12")
     node = Node(sw_bucket, "n1", [Audited], settings).start()
     try:
@@ -304,10 +309,8 @@ def test_on_activate_in_a_rollback_runs_for_nobody(sw_bucket: S3Bucket) -> None:
 def test_rolling_back_a_cell_that_never_existed_is_refused_and_creates_nothing(
     sw_bucket: S3Bucket,
 ) -> None:
-    """``_image_at`` means to refuse a cell with no ownership record ("no cell ... in the
-    bucket"), but step 1 (``edit_runtime``) has already activated the cell here, writing
-    own.json and on_activate's txid 1: a typo in an operator's ``--cell`` creates the cell,
-    and ``--to-txid 0`` then "rolls it back" (answered 200 with a txid)."""
+    """A cell the bucket has no record of is refused before anything activates it: a typo
+    in an operator's ``--cell`` creates no cell (not even with ``--to-txid 0``)."""
     node = make_node(sw_bucket, "n1")
     try:
         with pytest.raises(BadRequest):
@@ -318,7 +321,7 @@ def test_rolling_back_a_cell_that_never_existed_is_refused_and_creates_nothing(
 
 
 def test_cli_confirmation_names_txid_zero(tmp_path: Path) -> None:
-    """Cosmetic: ``f"... back to {to_txid or at_time}?"`` prints None for --to-txid 0."""
+    """The confirmation names the point asked for, txid 0 included."""
     from click.testing import CliRunner
 
     from cellactors.cli import main
@@ -330,12 +333,9 @@ def test_cli_confirmation_names_txid_zero(tmp_path: Path) -> None:
 
 
 def test_same_schema_after_an_earlier_rebuild_is_a_rows_only_rollback(sw_bucket: S3Bucket) -> None:
-    """rollback.py: "When the schema is the same at both points, only the rows that differ
-    are written ... no image is shipped". ``restore_user_state`` compares ``user_objects``
-    as lists in sqlite_master rowid order, and ``_rebuild`` recreates tables first and
-    indexes after, so once a rollback has rebuilt the schema, the same schema in another
-    order counts as different: every later rollback (its undo included) rebuilds and ships
-    an image, and (bug above) its feed record has no rows."""
+    """The same schema in another order in sqlite_master (as a rebuilding rollback leaves
+    it) is the same schema: a later rollback between two points of it writes rows only and
+    ships no image."""
     node = make_node(sw_bucket, "n1")
     try:
         cell = node.cell(Sandbox, "s")
@@ -350,3 +350,102 @@ def test_same_schema_after_an_earlier_rebuild_is_a_rows_only_rollback(sw_bucket:
         assert [(r.table, r.row) for r in record.rows] == [("a", None)]
     finally:
         node.stop()
+
+
+# ------------------------------------------------------------------------------------------
+# Faults: what an operator is told is what happened.
+# ------------------------------------------------------------------------------------------
+
+
+class _FailingHistory(CuttableBucket):
+    """Fails every listing (a restore's first request) while ``failing``."""
+
+    failing = False
+
+    def list(self, prefix):  # type: ignore[no-untyped-def]
+        if self.failing:
+            raise BucketError("the store failed the listing (test)")
+        return self.inner.list(prefix)
+
+
+def test_a_store_that_fails_the_restore_leaves_the_cell_as_it_was(sw_bucket: S3Bucket) -> None:
+    store = _FailingHistory(sw_bucket)
+    node = make_node(store, "n1")
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        cell.increment("x")
+        store.failing = True
+        with pytest.raises(BucketUnavailable) as refused:
+            roll_back(node, Counter, "a", to_txid=2)
+        assert refused.value.outcome == NOT_RUN and refused.value.retryable
+        store.failing = False
+        assert cell.get("x") == 2
+        assert read_changes(sw_bucket, "Counter:a").changes[-1].txid == 3
+    finally:
+        node.stop()
+
+
+class Fragile(CellActor):
+    """A counter whose ``on_activate`` raises while ``broken``."""
+
+    broken = False
+
+    def on_activate(self) -> None:
+        if Fragile.broken:
+            raise RuntimeError("on_activate is broken")
+        self.db.execute("CREATE TABLE IF NOT EXISTS n (v INTEGER)")
+
+    def add(self) -> int:
+        self.db.execute("INSERT INTO n VALUES (1)")
+        return int(self.db.execute("SELECT count(*) FROM n").fetchone()[0])
+
+
+def test_a_rollback_whose_transaction_raises_failed_and_changed_nothing(
+    sw_bucket: S3Bucket,
+) -> None:
+    node = Node(sw_bucket, "n1", [Fragile], NodeSettings(lease_ttl=TTL, advertise="x:1")).start()
+    try:
+        cell = node.cell(Fragile, "f")
+        cell.add()
+        assert cell.add() == 2
+        Fragile.broken = True
+        with pytest.raises(MethodFailed) as failed:
+            roll_back(node, Fragile, "f", to_txid=2)
+        assert failed.value.outcome == FAILED  # it ran, and was rolled back
+        Fragile.broken = False
+        assert cell.add() == 3
+        assert [c.rollback for c in read_changes(sw_bucket, "Fragile:f").changes] == [None] * 4
+    finally:
+        Fragile.broken = False
+        node.stop()
+
+
+def test_a_rollback_whose_batch_never_lands_is_answered_unknown(
+    sw_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CuttableBucket(sw_bucket)
+    node = make_node(store, "n1")
+    real_image_at = rolling_back._image_at
+
+    def image_then_cut(*args: Any, **kw: Any) -> tuple[int, bytes]:
+        found = real_image_at(*args, **kw)
+        store.cut = True  # the rollback commits on the cell, but its batch cannot land
+        return found
+
+    try:
+        cell = node.cell(Counter, "a")
+        cell.increment("x")
+        cell.increment("x")
+        monkeypatch.setattr(rolling_back, "_image_at", image_then_cut)
+        with pytest.raises(NotDurable) as lost:
+            roll_back(node, Counter, "a", to_txid=2)
+        assert lost.value.outcome == UNKNOWN
+    finally:
+        node.stop()
+    expire_lease(sw_bucket, "n1")
+    other = make_node(sw_bucket, "n2")
+    try:  # its batch never left: the next owner finds the cell as it was before
+        assert other.cell(Counter, "a").get("x") == 2
+    finally:
+        other.stop()

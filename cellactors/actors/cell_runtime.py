@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,9 +22,12 @@ from cellactors.actors.typed import check_types
 from cellactors.clock import RuntimeClock, StoreClock
 from cellactors.core.principal import Principal
 from cellactors.core.sockets import Holder
-from cellactors.errors import BadRequest, BadResult
+from cellactors.errors import BadRequest, BadResult, MethodFailed
 from cellactors.persistence.celldb import calls
 from cellactors.persistence.celldb.database import CellDatabase
+
+#: Where an exception raised by the user's code is logged, once, with its traceback.
+cells_log = logging.getLogger("cellactors.cells")
 
 
 def check_serializable(value: Any, what: str = "result") -> None:
@@ -214,3 +219,14 @@ class CellRuntime:
     #: This activation among all of the process (an operator's multi-step change, such as a
     #: rollback, checks that its last step reaches the activation its first one saw).
     incarnation: int = field(default_factory=lambda: next(_incarnations))
+
+
+def user_failure(err: BaseException, what: str) -> MethodFailed:
+    """Log ``err`` (raised by user code: a method, ``on_activate``) at ERROR with its
+    traceback, and the :class:`MethodFailed` that answers it: the original as its cause and
+    the traceback as text (which a listener passes on only in debug mode)."""
+    cells_log.error("%s raised %s: %s", what, type(err).__name__, err, exc_info=err)
+    text = "".join(traceback.format_exception(err))
+    failure = MethodFailed(type(err).__name__, str(err), text)
+    failure.__cause__ = err
+    return failure

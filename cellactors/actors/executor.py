@@ -16,7 +16,6 @@ import contextlib
 import logging
 import queue
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -25,8 +24,10 @@ import pykka
 from cellactors.actors.cell_runtime import (
     CellRuntime,
     bound_arguments,
+    cells_log,
     encode_result,
     run_result_check,
+    user_failure,
 )
 from cellactors.actors.channel import Outcome
 from cellactors.actors.messages import (
@@ -49,7 +50,6 @@ from cellactors.errors import (
     BadResult,
     CallCycle,
     KeyConflict,
-    MethodFailed,
     NodeStorageFault,
 )
 from cellactors.persistence.celldb import calls
@@ -58,19 +58,6 @@ from cellactors.persistence.celldb.database import ReadInterrupted, to_txn
 from cellactors.tracing import spans
 
 log = logging.getLogger("cellactors.actors.cell")
-#: Where an exception raised by the user's code is logged, once, with its traceback.
-cells_log = logging.getLogger("cellactors.cells")
-
-
-def user_failure(err: BaseException, what: str) -> MethodFailed:
-    """Log ``err`` (raised by user code: a method, ``on_activate``) at ERROR with its
-    traceback, and the :class:`MethodFailed` that answers it: the original as its cause and
-    the traceback as text (which a listener passes on only in debug mode)."""
-    cells_log.error("%s raised %s: %s", what, type(err).__name__, err, exc_info=err)
-    text = "".join(traceback.format_exception(err))
-    failure = MethodFailed(type(err).__name__, str(err), text)
-    failure.__cause__ = err
-    return failure
 
 
 def escaped_cycle(err: CallCycle) -> CallCycle:

@@ -85,7 +85,7 @@ class RollBack:
     database then, restored from the bucket), in one transaction of the activation
     ``incarnation`` (refused, unchanged, in any other); ``reply`` gets a
     :class:`RolledBack` once that, and every earlier transaction, is durable. Without
-    ``to_txid`` it only asks: ``reply`` gets (incarnation, latest txid) once every
+    ``to_txid`` it only asks: ``reply`` gets (incarnation, epoch, latest txid) once every
     transaction up to that txid is durable."""
 
     to_txid: int | None = None

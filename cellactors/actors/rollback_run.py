@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cellactors.actors.cell_runtime import user_failure
 from cellactors.actors.messages import RollBack, RolledBack
 from cellactors.errors import ActivationFailed, BadRequest, NodeStorageFault
 from cellactors.persistence.celldb.capture import TxnChanges
@@ -40,21 +41,26 @@ class Rolling(Protocol):
 
 
 def roll_back(executor: Rolling, rt: CellRuntime, msg: RollBack, outcome: Outcome) -> None:
-    """Run the rollback ``msg`` asks for; its answer (or error) goes into ``outcome``."""
+    """Run the rollback ``msg`` asks for; its answer (or error) goes into ``outcome``: a
+    refusal before the transaction is ``not_run``, a transaction that raised (``on_activate``
+    or the restore of the tables) was rolled back: ``failed``."""
     latest = rt.next_txid - 1
     if msg.to_txid is None:
-        outcome.value = (rt.incarnation, latest)  # held until ``latest`` is durable
+        outcome.value = (rt.incarnation, rt.epoch, latest)  # held until ``latest`` is durable
+        return
+    cell_id = executor.cell.cell_id
+    if msg.incarnation != rt.incarnation:
+        outcome.error = ActivationFailed(
+            f"{cell_id} moved, or was purged, while it was being rolled back: nothing changed; "
+            "try again"
+        )
+        return
+    if msg.to_txid >= latest:
+        outcome.error = BadRequest(
+            f"{cell_id} is at txid {latest}: a rollback goes to an earlier one"
+        )
         return
     try:
-        if msg.incarnation != rt.incarnation:
-            raise ActivationFailed(
-                f"{executor.cell.cell_id} moved, or was purged, while it was being rolled "
-                "back: nothing changed; try again"
-            )
-        if msg.to_txid >= latest:
-            raise BadRequest(
-                f"{executor.cell.cell_id} is at txid {latest}: a rollback goes to an earlier one"
-            )
         with image_source(msg.image) as past:
 
             def body() -> None:
@@ -62,13 +68,15 @@ def roll_back(executor: Rolling, rt: CellRuntime, msg: RollBack, outcome: Outcom
                 # As an activation does: the tables the running code creates there exist
                 # again, even after a rollback to before they were created; it runs for no
                 # caller, as at an activation.
-                executor.cell._chain = (executor.cell.cell_id,)
+                executor.cell._chain = (cell_id,)
                 executor.cell._caller = None
                 executor.cell.on_activate()
 
             _, changes = executor._run(body)
-        txid = None if changes.empty else rt.next_txid
-        outcome.value = RolledBack(msg.to_txid, txid, latest)
-        executor._commit(changes, outcome, (msg.to_txid, latest))
     except Exception as err:
-        outcome.error, outcome.value = executor.storage_fault_of(err) or err, None
+        fault = executor.storage_fault_of(err)
+        outcome.error = fault or user_failure(err, f"the rollback of {cell_id}")
+        return
+    txid = None if changes.empty else rt.next_txid
+    outcome.value = RolledBack(msg.to_txid, txid, latest)
+    executor._commit(changes, outcome, (msg.to_txid, latest))

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 from cellactors.actors.cell import CellActor
 from cellactors.actors.messages import RollBack, RolledBack
 from cellactors.core import keys
-from cellactors.errors import BadRequest, PointNotRestorable
+from cellactors.errors import (
+    BadRequest,
+    BucketError,
+    BucketUnavailable,
+    PointNotRestorable,
+    RestoreHole,
+)
 from cellactors.persistence.celldb.database import CellDatabase
 from cellactors.persistence.history.restore import restore_at
 
@@ -49,23 +55,22 @@ class RollbackResult:
 
 
 def _image_at(
-    node: Node, cell_id: str, to_txid: int | None, at_ms: int | None
+    node: Node, cell_id: str, epoch: int, to_txid: int | None, at_ms: int | None
 ) -> tuple[int, bytes]:
     """The cell's database right after ``to_txid`` (or at ``at_ms``), from the bucket, and
-    the txid it is at."""
-    record = node.ownership.read_owner(cell_id)
-    if record is None or record.purging:
-        raise BadRequest(f"no cell {cell_id} in the bucket: nothing to roll back")
+    the txid it is at; ``epoch`` is the owner's. Nothing has changed yet: a store that fails
+    here is ``bucket_unavailable`` (``not_run``)."""
     with tempfile.TemporaryDirectory(prefix="cellactors-rollback-", dir=node.cells_dir) as tmp:
         db = CellDatabase(Path(tmp) / "past.db")
         try:
-            try:
-                found = restore_at(
-                    node.gate, cell_id, record.epoch + 1, db, txid=to_txid, at_ms=at_ms
-                )
-            except PointNotRestorable as err:
-                raise BadRequest(str(err)) from err
+            found = restore_at(node.gate, cell_id, epoch + 1, db, txid=to_txid, at_ms=at_ms)
             return found.last_txid, db.image()
+        except PointNotRestorable as err:
+            raise BadRequest(str(err)) from err
+        except (BucketError, RestoreHole) as err:
+            raise BucketUnavailable(
+                f"the history of {cell_id} could not be read: {err}; nothing changed"
+            ) from err
         finally:
             db.close()
 
@@ -88,15 +93,18 @@ def roll_back(
     if to_txid is not None and to_txid < 0:
         raise BadRequest(f"txid {to_txid} is not a transaction id")
     cell_id = keys.make_cell_id(cls if isinstance(cls, str) else cls.__name__, name)
-    record = node.ownership.read_owner(cell_id)
+    try:
+        record = node.ownership.read_owner(cell_id)
+    except BucketError as err:
+        raise BucketUnavailable(f"own.json of {cell_id} could not be read: {err}") from err
     if record is None or record.purging:
         raise BadRequest(f"no cell {cell_id} in the bucket: nothing to roll back")
-    incarnation, latest = node.runner.run_owned(
+    incarnation, epoch, latest = node.runner.run_owned(
         cell_id, RollBack, "its latest txid was asked", node.routes
     )
     if to_txid is not None and to_txid >= latest:
         raise BadRequest(f"{cell_id} is at txid {latest}: a rollback goes to an earlier one")
-    point, image = _image_at(node, cell_id, to_txid, at_ms)
+    point, image = _image_at(node, cell_id, epoch, to_txid, at_ms)
     done: RolledBack = node.runner.run_owned(
         cell_id, lambda: RollBack(point, image, incarnation), "it was rolled back", node.routes
     )
