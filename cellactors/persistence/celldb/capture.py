@@ -144,6 +144,13 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA main.schema_version").fetchone()[0])
 
 
+def read_header(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The header values user code may set: (user_version, application_id)."""
+    version = conn.execute("PRAGMA main.user_version").fetchone()[0]
+    app = conn.execute("PRAGMA main.application_id").fetchone()[0]
+    return int(version), int(app)
+
+
 def read_sequence(conn: sqlite3.Connection) -> list[list[Any]] | None:
     """Contents of ``sqlite_sequence`` (AUTOINCREMENT counters), or None if absent."""
     exists = conn.execute(

@@ -131,7 +131,7 @@ class CellDatabase:
         self.shapes = capture.install(self.conn)
         self.schema = capture.schema_version(self.conn)
         self.sequence = capture.read_sequence(self.conn)
-        self.header = _read_header(self.conn)
+        self.header = capture.read_header(self.conn)
 
     def storage_fault(self, err: BaseException, *, broken: bool = False) -> NodeStorageFault | None:
         """``err`` as the fault of the node's storage it is (recorded and reported), or None
@@ -262,7 +262,7 @@ class CellDatabase:
                 raise Refused(f"refused: {self._refusal}")
             seen = capture.schema_version(conn)
             # A header pragma (user_version) changes no schema, but only an image carries it.
-            header = _read_header(conn) if self._header_set else self.header
+            header = capture.read_header(conn) if self._header_set else self.header
             header_changed = header != self.header
             user_changed_schema = seen != self.schema or header_changed
             if read_only and (user_changed_schema or conn.total_changes != before):
@@ -333,7 +333,7 @@ class CellDatabase:
             return (
                 capture.pending(self.conn)
                 or capture.schema_version(self.conn) != self.schema
-                or _read_header(self.conn) != self.header
+                or capture.read_header(self.conn) != self.header
             )
         except sqlite3.Error:
             return True
@@ -434,13 +434,6 @@ def image_source(image: bytes) -> Iterator[sqlite3.Connection]:
             src.close()
     finally:
         os.unlink(tmp)
-
-
-def _read_header(conn: sqlite3.Connection) -> tuple[int, int]:
-    """The header values user code may set: (user_version, application_id)."""
-    version = conn.execute("PRAGMA main.user_version").fetchone()[0]
-    app = conn.execute("PRAGMA main.application_id").fetchone()[0]
-    return int(version), int(app)
 
 
 def remove_db_files(path: Path) -> None:

@@ -40,22 +40,11 @@ def user_objects(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     return [(str(t), str(n), str(s)) for t, n, s in rows]
 
 
-def _header(conn: sqlite3.Connection) -> tuple[int, int]:
-    version = conn.execute("PRAGMA main.user_version").fetchone()[0]
-    app = conn.execute("PRAGMA main.application_id").fetchone()[0]
-    return int(version), int(app)
-
-
 def _counters(conn: sqlite3.Connection) -> dict[str, int]:
     """The AUTOINCREMENT counters of the user's tables."""
-    has = conn.execute(
-        "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'sqlite_sequence'"
-    ).fetchone()
-    if has is None:
-        return {}
     return {
         str(name): int(seq)
-        for name, seq in conn.execute("SELECT name, seq FROM main.sqlite_sequence")
+        for name, seq in capture.read_sequence(conn) or []
         if not str(name).startswith(RESERVED_PREFIX)
     }
 
@@ -169,7 +158,7 @@ def restore_user_state(conn: sqlite3.Connection, past: sqlite3.Connection) -> No
     else:
         _rebuild(conn, past)
     _set_counters(conn, _counters(past))
-    version, app = _header(past)
-    if _header(conn) != (version, app):
+    version, app = capture.read_header(past)
+    if capture.read_header(conn) != (version, app):
         conn.execute(f"PRAGMA main.user_version = {int(version)}")
         conn.execute(f"PRAGMA main.application_id = {int(app)}")
