@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import click
 import httpx
@@ -77,25 +76,20 @@ class Operator:
             keys.validate_cell_id(cell_id)
         except CellactorsError as err:
             raise CommandFailed(str(err)) from err
-        cls_name, name = cell_id.split(":", 1)
-        path = f"/cells/{cls_name}/{name}{suffix}"
-        url_path = "/cells/{}/{}".format(*(quote(p, safe="") for p in (cls_name, name)))
-        url_path += "/".join(quote(p, safe="") for p in suffix.split("/"))
         base = node_url.rstrip("/")
         try:
             for hop in (1, 2):
                 node, generation = self._identity(base)
-                headers = signing.sign_request(
+                url_path, headers = signing.operator_request(
                     self.key,
                     method,
-                    path,
+                    cell_id,
+                    suffix,
                     body,
                     source=SOURCE,
                     target=node,
                     target_generation=generation,
                 )
-                if body:
-                    headers["content-type"] = "application/json"
                 resp = self.http.request(method, base + url_path, headers=headers, content=body)
                 payload = _decoded(resp)
                 if resp.is_success:

@@ -18,7 +18,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from starlette.requests import Request
@@ -67,11 +66,11 @@ def purge_here(node: Any, cls_name: str, name: str) -> list[Any]:
     return [asdict(purge(node, cls_name, name))]
 
 
-def roll_back_here(node: Any, cls_name: str, name: str, body: bytes) -> list[Any]:
-    """Roll back through ``node`` to the point ``body`` names."""
+def roll_back_here(node: Any, cls_name: str, name: str, point: dict[str, int]) -> list[Any]:
+    """Roll back through ``node`` to ``point`` (:func:`rollback_point`)."""
     if not isinstance(node, Node):
         raise InternalError("this node cannot roll cells back")
-    return [roll_back(node, cls_name, name, **rollback_point(body)).to_dict()]
+    return [roll_back(node, cls_name, name, **point).to_dict()]
 
 
 def _without_addresses(content: bytes) -> bytes:
@@ -117,8 +116,8 @@ class CellAdmin:
                 raise UnknownCell(f"no served cell class {cls_name!r}")
             keys.make_cell_id(cls_name, name)
             if suffix:
-                rollback_point(body)  # refused here, before any cell is activated
-                result = await self.core.run(roll_back_here, node, cls_name, name, body)
+                point = rollback_point(body)  # refused here, before any cell is activated
+                result = await self.core.run(roll_back_here, node, cls_name, name, point)
             else:
                 result = await self.core.run(purge_here, node, cls_name, name)
         except RemoteOwner as owner:
@@ -135,19 +134,16 @@ class CellAdmin:
         self, owner: RemoteOwner, method: str, cls_name: str, name: str, suffix: str, body: bytes
     ) -> Response:
         """The operator request for the owner's internal listener, signed, and its answer."""
-        path = f"/cells/{cls_name}/{name}{suffix}"
-        url_path = "/cells/{}/{}{}".format(quote(cls_name, safe=""), quote(name, safe=""), suffix)
-        headers = signing.sign_request(
+        url_path, headers = signing.operator_request(
             self.core.key,
             method,
-            path,
+            keys.make_cell_id(cls_name, name),
+            suffix,
             body,
             source=self.core.node.node_id,
             target=owner.node,
             target_generation=owner.generation,
         )
-        if body:
-            headers["content-type"] = "application/json"
         try:
             peer = await self.client().request(
                 method, base_url(owner.addr) + url_path, content=body, headers=headers
@@ -158,7 +154,7 @@ class CellAdmin:
             return self.core.error(lost(owner, e), "json")
         content = peer.content
         if not peer.is_success:
-            log.warning("owner %s answered HTTP %d to %s", owner.node, peer.status_code, path)
+            log.warning("owner %s answered HTTP %d to %s", owner.node, peer.status_code, url_path)
             content = _without_addresses(content)
         return Response(
             content,

@@ -34,7 +34,12 @@ from cellactors.errors import (
     UnknownCell,
 )
 from cellactors.server import call_span, fleet_page, hosts, signing
-from cellactors.server.cell_admin import ROLLBACK_BODY_LIMIT, purge_here, roll_back_here
+from cellactors.server.cell_admin import (
+    ROLLBACK_BODY_LIMIT,
+    purge_here,
+    roll_back_here,
+    rollback_point,
+)
 from cellactors.server.forward import CHAIN_HEADER, INTERNAL_CELL_ROUTE, decode_chain
 from cellactors.server.handling import (
     DEAD_LETTERS_ROUTE,
@@ -216,7 +221,7 @@ class _InternalCore(Core):
     def _roll_back(
         self, cls_name: str, name: str, _ids: list[str] | None, body: bytes
     ) -> list[Any]:
-        return roll_back_here(self.node, cls_name, name, body)
+        return roll_back_here(self.node, cls_name, name, rollback_point(body))
 
     async def _operator_request(
         self,

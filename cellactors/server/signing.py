@@ -23,6 +23,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from urllib.parse import quote
 
 from cellactors.errors import StaleTarget, Unauthorized
 from cellactors.wire.codec import IDEMPOTENCY_HEADER
@@ -203,6 +204,32 @@ class NonceCache:
         while self._heap and self._heap[0][0] < now:
             _, old = heapq.heappop(self._heap)
             del self._expiry[old]
+
+
+def operator_request(
+    key: bytes,
+    method: str,
+    cell_id: str,
+    suffix: str,
+    body: bytes,
+    *,
+    source: str,
+    target: str,
+    target_generation: str,
+) -> tuple[str, dict[str, str]]:
+    """An operator's request on one cell of a node's internal listener
+    (``/cells/{cls}/{name}{suffix}``: a purge, a rollback, dead letters): the URL path, each
+    segment quoted, and the headers signed for ``target``'s process (the path signed is the
+    unquoted one the listener sees)."""
+    cls_name, name = cell_id.split(":", 1)
+    path = f"/cells/{cls_name}/{name}{suffix}"
+    url_path = "/".join(quote(part, safe="") for part in path.split("/"))
+    headers = sign_request(
+        key, method, path, body, source=source, target=target, target_generation=target_generation
+    )
+    if body:
+        headers["content-type"] = "application/json"
+    return url_path, headers
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
