@@ -27,9 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import boto3
-import botocore.config
 import botocore.exceptions
 import httpx
 
@@ -38,6 +37,7 @@ from bench.common import (
     BENCH_KEYS,
     BUCKET,
     SECRET_KEY,
+    BareS3,
     CpuMeter,
     percentile,
     store_environment,
@@ -54,42 +54,25 @@ OWN = b'{"node":"n1","epoch":1,"acked_txid":0,"addr":"127.0.0.1:8081","generatio
 BATCH = b"b" * 900
 
 
-def _client(endpoint: str) -> object:
-    session = boto3.session.Session(
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name="us-east-1"
-    )
-    return session.client(
-        "s3",
-        endpoint_url=endpoint,
-        config=botocore.config.Config(
-            s3={"addressing_style": "path"},
-            retries={"mode": "standard", "max_attempts": 5},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-    )
-
-
-def store_only(client: object, prefix: str, cell_id: str, read_first: bool = True) -> None:
+def store_only(s3: Any, prefix: str, cell_id: str, read_first: bool = True) -> None:
     """The store requests of a new cell's first call, in the node's order (without the first
-    GET of ``own.json`` unless ``read_first``)."""
-    s3 = client
+    GET of ``own.json`` unless ``read_first``); ``s3``: a boto3 client, as the baseline's."""
     own = f"{prefix}/{keys.owner_key(cell_id)}"
     if read_first:
         try:
-            s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()  # type: ignore[attr-defined]
+            s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()
             raise RuntimeError(f"{own} exists")
         except botocore.exceptions.ClientError as err:
             if err.response["Error"]["Code"] not in ("NoSuchKey", "404"):
                 raise
-    s3.put_object(Bucket=BUCKET, Key=own, Body=OWN, IfNoneMatch="*")  # type: ignore[attr-defined]
+    s3.put_object(Bucket=BUCKET, Key=own, Body=OWN, IfNoneMatch="*")
     batch = f"{prefix}/{keys.batch_key(cell_id, 1, 1, 2)}"
-    s3.put_object(Bucket=BUCKET, Key=batch, Body=BATCH)  # type: ignore[attr-defined]
-    s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()  # type: ignore[attr-defined]
+    s3.put_object(Bucket=BUCKET, Key=batch, Body=BATCH)
+    s3.get_object(Bucket=BUCKET, Key=own)["Body"].read()
 
 
 def _alternate(
-    url: str, s3: object, pids: dict[str, int | str], args: argparse.Namespace
+    url: str, s3: Any, pids: dict[str, int | str], args: argparse.Namespace
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     """The two ways in blocks, alternating which goes first: latencies, and CPU per call of
     each process per block."""
@@ -137,7 +120,7 @@ def main(argv: list[str]) -> None:
             node.ready()
             assert store.proc is not None
             pids: dict[str, int | str] = {"node": node.pid, "store": store.proc.pid}
-            lat, cpu = _alternate(node.url, _client(store.endpoint), pids, args)
+            lat, cpu = _alternate(node.url, BareS3(store.endpoint).client, pids, args)
         finally:
             node.stop()
     print(f"{'way':<12} {'p50 ms':>8} {'p90 ms':>8} {'node CPU ms':>12} {'store CPU ms':>13}")
